@@ -1,0 +1,169 @@
+"""Keras callbacks: JSON progress lines, and BackupAndRestore that also saves on SIGTERM off GCP."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf
+
+from .env import TaskInfo, task_info
+from .progress import emit
+
+log = logging.getLogger("kubetf_trainer")
+
+PREEMPTION_EXIT_CODE = 42
+
+
+class Progress(tf.keras.callbacks.Callback):
+    """Prints the contract's JSON lines: ``start`` (with ``initial_epoch``), then one ``progress``
+    per epoch. ``epoch`` in a progress line counts finished epochs (1-based, like Keras' "Epoch 2/5");
+    ``initial_epoch`` is the number of epochs already done when this run began (K > 0 after a resume).
+
+    Put it after ``BackupAndRestore`` in the callback list, so that a progress line for epoch N means
+    the backup of epoch N is on disk.
+    """
+
+    def __init__(self, info: TaskInfo | None = None):
+        super().__init__()
+        self.info = info or task_info()
+        self.started = False
+        self.initial_epoch: int | None = None
+        self.last_logs: dict[str, Any] = {}
+        self._epoch_start = 0.0
+
+    def _steps(self) -> int:
+        return int((self.params or {}).get("steps") or 0)
+
+    def _epochs(self) -> int:
+        return int((self.params or {}).get("epochs") or 0)
+
+    def _start(self, initial_epoch: int) -> None:
+        self.started = True
+        self.initial_epoch = initial_epoch
+        if initial_epoch == 0 and self.info.is_chief:  # a fresh run: forget an earlier run's evaluations
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.info.checkpoints_dir, "evaluated.jsonl"))
+        emit(
+            "start",
+            self.info,
+            initial_epoch=initial_epoch,
+            epochs=self._epochs(),
+            steps_per_epoch=self._steps(),
+            strategy=self.info.strategy,
+            num_workers=self.info.num_workers,
+        )
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self.started:
+            self._start(epoch)
+        self._epoch_start = time.monotonic()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        logs = dict(logs or {})
+        self.last_logs = logs
+        seconds = time.monotonic() - self._epoch_start
+        steps = self._steps()
+        loss = logs.pop("loss", None)
+        emit(
+            "progress",
+            self.info,
+            epoch=epoch + 1,
+            epochs=self._epochs(),
+            step=(epoch + 1) * steps,
+            loss=loss,
+            metrics=logs,
+            seconds=round(seconds, 4),
+            steps_per_sec=round(steps / seconds, 3) if seconds > 0 and steps else None,
+        )
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if not self.started:  # everything was already done before this run (resumed at the end)
+            self._start(self._epochs())
+
+
+class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
+    """``tf.keras.callbacks.BackupAndRestore`` plus save-on-SIGTERM that works off GCP.
+
+    tf-keras only enables ``save_before_preemption`` on GCP. This subclass wires
+    ``tf.distribute.experimental.PreemptionCheckpointHandler`` into the same training state for
+    MultiWorkerMirrored and Mirrored strategies: on SIGTERM every worker finishes the current step,
+    saves the backup (model, epoch, step) and the process exits with code 42, which kubetf counts
+    as a disruption. The next run resumes at the step after the saved one.
+    """
+
+    def __init__(
+        self,
+        backup_dir: str,
+        save_freq: str | int = "epoch",
+        delete_checkpoint: bool = True,
+        save_before_preemption: bool = True,
+        info: TaskInfo | None = None,
+        exit_code: int = PREEMPTION_EXIT_CODE,
+    ):
+        super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=delete_checkpoint)
+        self.info = info or task_info()
+        self.exit_code = exit_code
+        self._want_preemption = save_before_preemption
+        self._handler: Any = None
+        self._batch = -1
+
+    def _preemption_supported(self) -> bool:
+        strategy = self.model.distribute_strategy
+        return isinstance(strategy, (tf.distribute.MultiWorkerMirroredStrategy, tf.distribute.MirroredStrategy))
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return bool(self._want_preemption) or super()._implements_train_batch_hooks()
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)
+        if not (self._want_preemption and self._preemption_supported()):
+            return
+        state = self._training_state
+        if getattr(state, "_enable_save_before_preemption", False):  # tf-keras did it itself (GCP)
+            self._handler = state.preemption_handler
+            return
+        strategy = self.model.distribute_strategy
+        handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            getattr(strategy, "cluster_resolver", None),
+            state.write_checkpoint_manager,
+            termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=self._exit),
+        )
+        # Every worker restores from the chief's directory (the handler restored from the write
+        # manager, which is a temp directory on non-chief workers): restore again, now that the
+        # handler's step counter is part of the checkpoint, so all workers agree on the step count.
+        handler._read_checkpoint_manager = state.read_checkpoint_manager
+        state.read_checkpoint_manager.restore_or_initialize()
+        handler._run_counter = int(handler._checkpointed_runs.numpy())
+        state.preemption_handler = handler
+        state._enable_save_before_preemption = True
+        self.model._preemption_handler = handler
+        self._handler = handler
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._batch = batch
+        super().on_train_batch_end(batch, logs)
+
+    def _exit(self) -> None:
+        state = getattr(self, "_training_state", None)
+        if state is not None and state.write_checkpoint_manager is not state.read_checkpoint_manager:
+            shutil.rmtree(state.write_checkpoint_manager.directory, ignore_errors=True)
+        emit(
+            "preempted",
+            self.info,
+            epoch=self._current_epoch,
+            step=self._batch,
+            backup_dir=self.backup_dir,
+            exit_code=self.exit_code,
+        )
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        # os._exit: the checkpoint is on disk; skip TensorFlow's teardown, which can wait on peers.
+        os._exit(self.exit_code)

@@ -1,0 +1,52 @@
+"""One JSON object per line on stdout: the format kubetf tools parse (see the contract)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from .env import TaskInfo, task_info
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / tf scalars
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def emit(kind: str, info: TaskInfo | None = None, **fields: Any) -> dict[str, Any]:
+    """Print ``{"kubetf": kind, "role": ..., "index": ..., **fields}`` as one line and return it."""
+    info = info or task_info()
+    record: dict[str, Any] = {"kubetf": kind, "role": info.role, "index": info.index}
+    record.update({k: _clean(v) for k, v in fields.items()})
+    sys.stdout.write(json.dumps(record, sort_keys=False) + "\n")
+    sys.stdout.flush()
+    return record
+
+
+def parse_line(line: str) -> dict[str, Any] | None:
+    """The record in one log line (a ``role-index | `` prefix is allowed), else None."""
+    start = line.find('{"kubetf"')
+    if start < 0:
+        return None
+    try:
+        record = json.loads(line[start:])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None

@@ -1,0 +1,93 @@
+"""Build the tf.distribute strategy that fits this task's role and the job's strategy."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, NoReturn
+
+from .env import TaskInfo, task_info
+
+log = logging.getLogger("kubetf_trainer")
+
+
+def _tf() -> Any:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    return tf
+
+
+def gpu_count() -> int:
+    return len(_tf().config.list_physical_devices("GPU"))
+
+
+def run_server(info: TaskInfo | None = None) -> NoReturn:
+    """ParameterServer worker/ps: serve the cluster until killed (never returns)."""
+    tf = _tf()
+    info = info or task_info()
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
+    log.info("kubetf_trainer: %s %d serving %s", info.role, info.index, server.target)
+    server.join()
+    sys.exit(0)  # join() only returns if the server stops
+
+
+def make_strategy(
+    kind: str | None = None,
+    info: TaskInfo | None = None,
+    *,
+    variable_partitioner: Any = None,
+    cpu_replicas: int = 1,
+) -> Any:
+    """The strategy for this process.
+
+    - ``MultiWorkerMirrored``: MWMS with RING collectives on CPU, NCCL when GPUs are visible.
+    - ``ParameterServer``: on the chief (coordinator) a ParameterServerStrategy over the TF_CONFIG
+      cluster; on workers and ps this call serves the cluster and never returns (see ``run_server``).
+    - ``Mirrored``: MirroredStrategy over the local GPUs (or ``cpu_replicas`` logical CPUs).
+    - the evaluator always gets the default (no-op) strategy.
+
+    ``kind`` defaults to ``KUBETF_STRATEGY`` (or what TF_CONFIG implies).
+    """
+    tf = _tf()
+    info = info or task_info()
+    kind = kind or info.strategy
+    if info.strategy != kind and os.environ.get("KUBETF_STRATEGY"):
+        log.warning("kubetf_trainer: job strategy is %s but this program uses %s", info.strategy, kind)
+    if info.is_evaluator:
+        return tf.distribute.get_strategy()
+    if kind == "MultiWorkerMirrored":
+        impl = (
+            tf.distribute.experimental.CommunicationImplementation.NCCL
+            if gpu_count()
+            else tf.distribute.experimental.CommunicationImplementation.RING
+        )
+        options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    if kind == "ParameterServer":
+        if info.role in ("worker", "ps"):
+            run_server(info)
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=variable_partitioner)
+    if kind == "Mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        if gpus:
+            return tf.distribute.MirroredStrategy()
+        if cpu_replicas > 1:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(cpu_replicas)]
+            )
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+            return tf.distribute.MirroredStrategy(devices=devices)
+        return tf.distribute.MirroredStrategy()
+    raise ValueError(f"unknown strategy {kind!r}")
