@@ -1,0 +1,146 @@
+"""The `kubetf` command line (also `kubectl tf`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import yaml
+
+from kubetf import api, builders
+from kubetf.convert import ConversionError, convert
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 1."""
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as error:
+        raise CliError(f"{path}: cannot read: {error.strerror}") from error
+
+
+def _documents(path: str) -> list[Any]:
+    try:
+        documents = api.load_documents(_read(path))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise CliError(f"{path}: malformed YAML{where}: {problem}") from error
+    if not documents:
+        raise CliError(f"{path}: no YAML documents found")
+    return documents
+
+
+def _label(path: str, index: int, count: int, document: Any) -> str:
+    name = document.get("metadata", {}).get("name") if isinstance(document, dict) else None
+    where = f"{path} document {index + 1}" if count > 1 else path
+    return f"{where} ({name})" if isinstance(name, str) else where
+
+
+class _Dumper(yaml.SafeDumper):
+    """Plain YAML: no anchors/aliases even where the input shared a template between roles."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _dump(objects: Sequence[Any], out: TextIO) -> None:
+    yaml.dump_all(objects, out, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    documents = _documents(args.file)
+    failed = False
+    for i, document in enumerate(documents):
+        for problem in api.validate(document):
+            print(f"{_label(args.file, i, len(documents), document)}: {problem}")
+            failed = True
+    return 1 if failed else 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    documents = _documents(args.file)
+    objects: list[Any] = []
+    problems = []
+    for i, document in enumerate(documents):
+        found = api.validate(document)
+        problems += [f"{_label(args.file, i, len(documents), document)}: {p}" for p in found]
+        if not found:
+            if args.namespace:
+                document.setdefault("metadata", {})["namespace"] = args.namespace
+            objects += builders.render(document)
+    if problems:
+        raise CliError("\n".join(problems))
+    _dump(objects, sys.stdout)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    documents = _documents(args.file)
+    jobs = []
+    for i, document in enumerate(documents):
+        label = _label(args.file, i, len(documents), document)
+        try:
+            conversion = convert(document)
+        except ConversionError as error:
+            raise CliError(f"{label}: {error}") from error
+        for note in conversion.notes:
+            print(f"{label}: note: {note}", file=sys.stderr)
+        for problem in api.validate(conversion.job):
+            print(f"{label}: warning: the converted job is not valid yet: {problem}", file=sys.stderr)
+        jobs.append(conversion.job)
+    _dump(jobs, sys.stdout)
+    return 0
+
+
+def _file_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("-f", "--filename", dest="file", required=True, metavar="FILE", help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubetf", description="Run distributed TensorFlow training on Kubernetes with TrainingJobs."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    render = commands.add_parser("render", help="print the objects the operator would create, offline")
+    _file_argument(render, "TrainingJob YAML ('-' for stdin)")
+    render.add_argument("-n", "--namespace", help="namespace to render into (default: the job's, else default)")
+    render.set_defaults(handler=cmd_render)
+
+    validate = commands.add_parser("validate", help="check TrainingJobs offline, one line per problem")
+    _file_argument(validate, "TrainingJob YAML, one or more documents ('-' for stdin)")
+    validate.set_defaults(handler=cmd_validate)
+
+    conv = commands.add_parser("convert", help="turn a Kubeflow TFJob (kubeflow.org/v1) into a TrainingJob")
+    _file_argument(conv, "TFJob YAML ('-' for stdin)")
+    conv.set_defaults(handler=cmd_convert)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except CliError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `kubetf render ... | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

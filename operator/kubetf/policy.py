@@ -1,0 +1,155 @@
+"""What TensorFlow needs when a task ends: success, disruption or failure, and what to restart.
+
+Pure rules shared by the operator and `kubetf local` (see ../shared/notes/tensorflow.md for the why).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from kubetf import api
+from kubetf.api import Job
+
+Task = tuple[str, int]
+
+# Exit codes that mean "stopped from outside", not "the program is wrong": SIGKILL/SIGTERM after a SIGTERM from
+# the kubelet, and 42 from TensorFlow's PreemptionCheckpointHandler after it saved a checkpoint.
+DISRUPTION_EXIT_CODES = {137: "killed (SIGKILL)", 143: "terminated (SIGTERM)", 42: "preempted (checkpoint saved)"}
+# DisruptionTarget condition reasons and pod status reasons the kubelet/scheduler use for preemption.
+DISRUPTION_POD_REASONS = {"Terminated", "NodeShutdown", "Evicted", "NodeLost", "Shutdown"}
+MAX_BACKOFF_SECONDS = 300
+
+
+class Outcome(enum.Enum):
+    SUCCEEDED = "Succeeded"
+    DISRUPTED = "Disrupted"  # preemption, eviction, deletion: restart, count as a disruption
+    FAILED = "Failed"  # the program's fault: restart under backoffLimit, per restartPolicy
+    PERMANENT = "PermanentFailure"  # restartPolicy ExitCode and an exit code 1-127: fail the job
+
+
+@dataclass(frozen=True)
+class Termination:
+    outcome: Outcome
+    reason: str
+    exit_code: int | None = None
+
+
+def classify_exit(exit_code: int, restart_policy: str, *, oom_killed: bool = False) -> Termination:
+    """A finished training process, from its exit code alone (what `kubetf local` sees)."""
+    if exit_code == 0:
+        return Termination(Outcome.SUCCEEDED, "exited 0", 0)
+    if exit_code in DISRUPTION_EXIT_CODES and not oom_killed:
+        return Termination(Outcome.DISRUPTED, f"exit code {exit_code}: {DISRUPTION_EXIT_CODES[exit_code]}", exit_code)
+    reason = f"exit code {exit_code}" + (" (OOMKilled)" if oom_killed else "")
+    if restart_policy == "ExitCode" and 1 <= exit_code <= 127:
+        return Termination(Outcome.PERMANENT, reason + ": permanent under restartPolicy ExitCode", exit_code)
+    return Termination(Outcome.FAILED, reason, exit_code)
+
+
+def classify_signal(signal_number: int, restart_policy: str) -> Termination:
+    """A local process killed by a signal: the shell's 128+N convention, as a container would report it."""
+    return classify_exit(128 + signal_number, restart_policy)
+
+
+def disruption_reason(pod: dict[str, Any]) -> str | None:
+    """Why a pod is being taken away from outside (preemption, eviction, node shutdown), or None."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            return f"{condition.get('reason', 'DisruptionTarget')}: {condition.get('message', '')}".rstrip(": ")
+    if status.get("phase") == "Failed" and status.get("reason") in DISRUPTION_POD_REASONS:
+        return f"{status['reason']}: {status.get('message', '')}".rstrip(": ")
+    return None
+
+
+def classify_pod(pod: dict[str, Any], restart_policy: str) -> Termination | None:
+    """How a pod's task ended, or None while it has not."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    disruption = disruption_reason(pod)
+    if phase not in ("Succeeded", "Failed"):
+        return Termination(Outcome.DISRUPTED, disruption) if disruption and phase != "Running" else None
+    terminated = _training_container_terminated(pod)
+    if phase == "Succeeded":
+        return Termination(Outcome.SUCCEEDED, "exited 0", 0)
+    if disruption:
+        return Termination(Outcome.DISRUPTED, disruption, terminated.get("exitCode") if terminated else None)
+    if not terminated:
+        return Termination(Outcome.FAILED, status.get("reason") or status.get("message") or "pod failed")
+    return classify_exit(
+        int(terminated.get("exitCode", 1)), restart_policy, oom_killed=terminated.get("reason") == "OOMKilled"
+    )
+
+
+def _training_container_terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    spec_containers = (pod.get("spec") or {}).get("containers") or [{}]
+    name = spec_containers[api.training_container_index(pod.get("spec") or {})].get("name")
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == name:
+            terminated: dict[str, Any] | None = (container.get("state") or {}).get("terminated")
+            return terminated
+    return None
+
+
+def restart_targets(job: Job, role: str, index: int) -> list[Task]:
+    """The tasks to restart together when (role, index) ended abnormally, chief first.
+
+    MultiWorkerMirrored: collectives need every peer, so the whole chief+worker group. ParameterServer: a worker
+    rejoins alone; a lost ps loses variables the coordinator (chief) holds handles to, so the ps and the chief.
+    The evaluator is a sidecar and restarts alone.
+    """
+    if role == "evaluator":
+        return [(role, index)]
+    strategy = api.strategy(job)
+    if strategy == "MultiWorkerMirrored":
+        return [task for task in api.tasks(job) if task[0] in ("chief", "worker")]
+    if strategy == "ParameterServer" and role == "ps":
+        return [task for task in api.tasks(job) if task == ("chief", 0)] + [(role, index)]
+    return [(role, index)]
+
+
+def success_tasks(job: Job) -> list[Task]:
+    """The tasks whose exit 0 means the job succeeded (successPolicy)."""
+    specs = api.replica_specs(job)
+    if job["spec"]["successPolicy"] == "AllWorkers":
+        return [task for task in api.tasks(job) if task[0] in ("chief", "worker")]
+    if "chief" in specs:
+        return [("chief", 0)]
+    return [("worker", 0)]
+
+
+def succeeded(job: Job, completed: set[Task]) -> bool:
+    return all(task in completed for task in success_tasks(job))
+
+
+def backoff_seconds(job: Job, failures: int) -> float:
+    """Delay before restarting after the n-th failure (1-based): exponential, capped."""
+    base = api.run_policy(job).get("backoffSeconds", 10)
+    return float(min(MAX_BACKOFF_SECONDS, base * 2 ** max(0, failures - 1)))
+
+
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    reason: str
+
+
+def decide(job: Job, role: str, termination: Termination, failures: int, disruptions: int) -> Decision:
+    """Restart or fail, after a task ended abnormally. `failures`/`disruptions` are the counts before this one."""
+    restart_policy = job["spec"]["replicaSpecs"][role]["restartPolicy"]
+    policy = api.run_policy(job)
+    if termination.outcome is Outcome.DISRUPTED:
+        cap = policy.get("maxDisruptions")
+        if cap is not None and disruptions >= cap:
+            return Decision(False, f"MaxDisruptionsExceeded: {termination.reason} (runPolicy.maxDisruptions={cap})")
+        return Decision(True, f"Disrupted: {termination.reason}")
+    if termination.outcome is Outcome.PERMANENT:
+        return Decision(False, f"PermanentFailure: {termination.reason}")
+    if restart_policy == "Never":
+        return Decision(False, f"Failed: {termination.reason} (restartPolicy Never)")
+    limit = policy.get("backoffLimit", 3)
+    if failures >= limit:
+        return Decision(False, f"BackoffLimitExceeded: {termination.reason} after {failures} restart(s)")
+    return Decision(True, f"Failed: {termination.reason}")

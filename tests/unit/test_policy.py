@@ -1,0 +1,121 @@
+import pytest
+from kubetf import api, policy
+from kubetf.policy import Outcome
+
+from .jobs import job, replica
+
+MWMS = api.with_defaults(job(chief=replica(1), worker=replica(3), evaluator=replica(1)))
+PS = api.with_defaults(
+    job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(2), evaluator=replica(1))
+)
+MIRRORED = api.with_defaults(job(strategy="Mirrored", worker=replica(1)))
+
+
+@pytest.mark.parametrize(
+    "document,role,index,expected",
+    [
+        (MWMS, "worker", 2, [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2)]),
+        (MWMS, "chief", 0, [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2)]),
+        (MWMS, "evaluator", 0, [("evaluator", 0)]),
+        (PS, "worker", 1, [("worker", 1)]),
+        (PS, "ps", 1, [("chief", 0), ("ps", 1)]),
+        (PS, "chief", 0, [("chief", 0)]),
+        (PS, "evaluator", 0, [("evaluator", 0)]),
+        (MIRRORED, "worker", 0, [("worker", 0)]),
+    ],
+)
+def test_restart_exactly_what_tensorflow_needs(document, role, index, expected):
+    assert policy.restart_targets(document, role, index) == expected
+
+
+def pod(phase, exit_code=None, reason=None, conditions=(), status_reason=None):
+    status = {"phase": phase, "conditions": list(conditions)}
+    if status_reason:
+        status["reason"] = status_reason
+    if exit_code is not None:
+        terminated = {"exitCode": exit_code, **({"reason": reason} if reason else {})}
+        status["containerStatuses"] = [{"name": "tensorflow", "state": {"terminated": terminated}}]
+    return {"spec": {"containers": [{"name": "tensorflow"}]}, "status": status}
+
+
+EVICTED = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "Eviction API"}
+
+
+@pytest.mark.parametrize(
+    "the_pod,restart_policy,outcome",
+    [
+        (pod("Succeeded", 0), "OnFailure", Outcome.SUCCEEDED),
+        (pod("Failed", 1), "OnFailure", Outcome.FAILED),
+        (pod("Failed", 1), "ExitCode", Outcome.PERMANENT),
+        (pod("Failed", 2), "ExitCode", Outcome.PERMANENT),
+        (pod("Failed", 137), "ExitCode", Outcome.DISRUPTED),
+        (pod("Failed", 143), "OnFailure", Outcome.DISRUPTED),
+        (pod("Failed", 42), "Never", Outcome.DISRUPTED),
+        (pod("Failed", 137, reason="OOMKilled"), "OnFailure", Outcome.FAILED),
+        (pod("Failed", 255), "ExitCode", Outcome.FAILED),
+        (pod("Failed", 1, conditions=[EVICTED]), "ExitCode", Outcome.DISRUPTED),
+        (pod("Failed", status_reason="NodeShutdown"), "OnFailure", Outcome.DISRUPTED),
+        (pod("Pending", conditions=[EVICTED]), "OnFailure", Outcome.DISRUPTED),
+    ],
+)
+def test_preemption_is_told_from_failure(the_pod, restart_policy, outcome):
+    assert policy.classify_pod(the_pod, restart_policy).outcome is outcome
+
+
+def test_running_pod_has_not_ended():
+    assert policy.classify_pod(pod("Running"), "OnFailure") is None
+
+
+def test_local_signals_map_to_container_exit_codes():
+    assert policy.classify_signal(15, "OnFailure").outcome is Outcome.DISRUPTED
+    assert policy.classify_signal(9, "OnFailure").exit_code == 137
+
+
+def decide(document, role, outcome_pod, failures=0, disruptions=0, restart_policy="OnFailure", **run_policy):
+    document = api.with_defaults(document)
+    document["spec"]["runPolicy"].update(run_policy)
+    document["spec"]["replicaSpecs"][role]["restartPolicy"] = restart_policy
+    return policy.decide(document, role, policy.classify_pod(outcome_pod, restart_policy), failures, disruptions)
+
+
+def test_disruptions_never_count_against_backoff_limit():
+    decision = decide(MWMS, "worker", pod("Failed", 1, conditions=[EVICTED]), failures=3, disruptions=10)
+    assert decision.restart
+    assert decision.reason.startswith("Disrupted: EvictionByEvictionAPI")
+
+
+def test_max_disruptions_caps_preemption_restarts():
+    decision = decide(MWMS, "worker", pod("Failed", 143), disruptions=2, maxDisruptions=2)
+    assert not decision.restart
+    assert decision.reason.startswith("MaxDisruptionsExceeded")
+
+
+def test_failures_restart_until_backoff_limit():
+    assert decide(MWMS, "worker", pod("Failed", 1), failures=2, backoffLimit=3).restart
+    decision = decide(MWMS, "worker", pod("Failed", 1), failures=3, backoffLimit=3)
+    assert not decision.restart
+    assert decision.reason == "BackoffLimitExceeded: exit code 1 after 3 restart(s)"
+
+
+def test_exit_code_policy_retries_are_limited_too():
+    assert not decide(MWMS, "worker", pod("Failed", 255), failures=3, restart_policy="ExitCode").restart
+    assert not decide(MWMS, "worker", pod("Failed", 2), restart_policy="ExitCode").restart
+
+
+def test_never_fails_on_first_failure_but_survives_preemption():
+    assert not decide(MWMS, "worker", pod("Failed", 1), restart_policy="Never").restart
+    assert decide(MWMS, "worker", pod("Failed", 1, conditions=[EVICTED]), restart_policy="Never").restart
+
+
+def test_backoff_is_exponential_and_capped():
+    assert [policy.backoff_seconds(MWMS, n) for n in (1, 2, 3, 10)] == [10, 20, 40, 300]
+
+
+def test_success_policy():
+    assert policy.success_tasks(MWMS) == [("chief", 0)]
+    workers_only = api.with_defaults(job(worker=replica(3)))
+    assert policy.success_tasks(workers_only) == [("worker", 0)]
+    workers_only["spec"]["successPolicy"] = "AllWorkers"
+    assert policy.success_tasks(workers_only) == [("worker", 0), ("worker", 1), ("worker", 2)]
+    assert not policy.succeeded(workers_only, {("worker", 0), ("worker", 1)})
+    assert policy.succeeded(workers_only, {("worker", 0), ("worker", 1), ("worker", 2)})

@@ -1,0 +1,221 @@
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kubetf import api
+from kubetf.cli import main
+
+from .jobs import VALID_JOBS, job, replica
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
+
+
+def problems(document):
+    return [str(p) for p in api.validate(document)]
+
+
+@pytest.mark.parametrize("description,document", VALID_JOBS, ids=[d for d, _ in VALID_JOBS])
+def test_valid_jobs_have_no_problems(description, document):
+    assert problems(document) == []
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[s.name for s in SAMPLES])
+def test_samples_are_valid(sample, capsys):
+    assert main(["validate", "-f", str(sample)]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_samples_cover_every_strategy():
+    strategies = {yaml.safe_load(s.read_text())["spec"]["strategy"] for s in SAMPLES}
+    assert strategies == set(api.STRATEGIES)
+
+
+def broken(mutate):
+    document = job(chief=replica(1), worker=replica(2))
+    mutate(document)
+    return document
+
+
+BAD_INPUT = [
+    (
+        "missing image",
+        lambda d: d["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0].pop("image"),
+        "spec.replicaSpecs.worker.template.spec.containers[0]: required field image is missing",
+    ),
+    (
+        "negative replicas",
+        lambda d: d["spec"]["replicaSpecs"]["worker"].update(replicas=-1),
+        "spec.replicaSpecs.worker.replicas: must be at least 0, got -1",
+    ),
+    (
+        "unknown role",
+        lambda d: d["spec"]["replicaSpecs"].update(Worker=replica(1)),
+        "spec.replicaSpecs: unknown role Worker: roles are chief, worker, ps and evaluator",
+    ),
+    (
+        "two chiefs",
+        lambda d: d["spec"]["replicaSpecs"]["chief"].update(replicas=2),
+        "spec.replicaSpecs: at most one chief",
+    ),
+    ("name too long", lambda d: d["metadata"].update(name="a" * 56), "metadata.name: the job name is too long"),
+    (
+        "unknown strategy",
+        lambda d: d["spec"].update(strategy="Horovod"),
+        "spec.strategy: unsupported value 'Horovod': must be one of MultiWorkerMirrored, ParameterServer, Mirrored",
+    ),
+    (
+        "name not a DNS label",
+        lambda d: d["metadata"].update(name="1mnist"),
+        "metadata.name: the job name must be a DNS-1035 label",
+    ),
+    (
+        "no chief or worker",
+        lambda d: d["spec"].update(replicaSpecs={"evaluator": replica(1)}),
+        "spec.replicaSpecs: at least one chief or worker replica is required",
+    ),
+    (
+        "ps without ParameterServer",
+        lambda d: d["spec"]["replicaSpecs"].update(ps=replica(1)),
+        "spec.replicaSpecs: ps replicas only take part in strategy ParameterServer",
+    ),
+    (
+        "ParameterServer without ps",
+        lambda d: d["spec"].update(strategy="ParameterServer"),
+        "spec.replicaSpecs: strategy ParameterServer needs at least one ps replica",
+    ),
+    (
+        "Mirrored with two replicas",
+        lambda d: d["spec"].update(strategy="Mirrored"),
+        "spec.replicaSpecs: strategy Mirrored runs one training replica",
+    ),
+    (
+        "two evaluators",
+        lambda d: d["spec"]["replicaSpecs"].update(evaluator=replica(2)),
+        "spec.replicaSpecs: at most one evaluator",
+    ),
+    (
+        "negative backoffLimit",
+        lambda d: d["spec"].update(runPolicy={"backoffLimit": -1}),
+        "spec.runPolicy.backoffLimit: must be at least 0, got -1",
+    ),
+    (
+        "unknown field",
+        lambda d: d["spec"].update(runPolicy={"backofLimit": 3}),
+        "spec.runPolicy: unknown field backofLimit",
+    ),
+    (
+        "checkpoint without size or claim",
+        lambda d: d["spec"].update(checkpoint={"mountPath": "/ckpt"}),
+        "spec.checkpoint: set checkpoint.size for a new volume owned by the job, or checkpoint.existingClaim",
+    ),
+    (
+        "bad restartPolicy",
+        lambda d: d["spec"]["replicaSpecs"]["worker"].update(restartPolicy="Always"),
+        "spec.replicaSpecs.worker.restartPolicy: unsupported value 'Always'",
+    ),
+    (
+        "pod restartPolicy",
+        lambda d: d["spec"]["replicaSpecs"]["worker"]["template"]["spec"].update(restartPolicy="OnFailure"),
+        "spec.replicaSpecs.worker.template.spec.restartPolicy: 'OnFailure' is not allowed",
+    ),
+    (
+        "gpus contradict limits",
+        lambda d: d["spec"]["replicaSpecs"]["worker"].update(
+            gpus=1,
+            template={
+                "spec": {
+                    "containers": [{"name": "tensorflow", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 2}}}]
+                }
+            },
+        ),
+        "spec.replicaSpecs.worker.gpus: gpus: 1 contradicts resources.limits[nvidia.com/gpu]: 2",
+    ),
+    ("wrong kind", lambda d: d.update(kind="TFJob"), "kind: must be TrainingJob, got 'TFJob'"),
+]
+
+
+@pytest.mark.parametrize("description,mutate,expected", BAD_INPUT, ids=[b[0] for b in BAD_INPUT])
+def test_bad_input_is_rejected_with_its_field_path(description, mutate, expected):
+    found = problems(broken(mutate))
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_longest_allowed_name_is_accepted_and_one_more_is_not():
+    # worker-9 (index 9 of 10 replicas): name + len("-worker-9") must be <= 63.
+    ok = job(name="a" * (63 - len("-worker-9")), worker=replica(10))
+    assert problems(ok) == []
+    too_long = copy.deepcopy(ok)
+    too_long["metadata"]["name"] += "a"
+    assert any("too long" in p for p in problems(too_long))
+
+
+def write(tmp_path, text, name="job.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "kubetf.cli", *args], capture_output=True, text=True, check=False)
+
+
+def test_validate_cli_prints_one_line_per_problem_per_document(tmp_path):
+    good = job(worker=replica(2))
+    bad = broken(lambda d: (d["spec"].update(strategy="Nope"), d["spec"]["replicaSpecs"]["worker"].update(replicas=-2)))
+    path = write(tmp_path, yaml.safe_dump_all([good, bad]))
+    result = run_cli("validate", "-f", path)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines == [
+        f"{path} document 2 (mnist): spec.replicaSpecs.worker.replicas: must be at least 0, got -2",
+        f"{path} document 2 (mnist): spec.strategy: unsupported value 'Nope': must be one of "
+        "MultiWorkerMirrored, ParameterServer, Mirrored",
+    ]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("spec: [unclosed\n", "malformed YAML at line 2, column 1"),
+        ("apiVersion: kubetf.io/v1alpha1\nkind: TrainingJob\n metadata: x\n", "malformed YAML at line 3"),
+        ("", "no YAML documents found"),
+        ("- just\n- a list\n", "expected a TrainingJob object, got list"),
+    ],
+)
+def test_validate_cli_never_shows_a_traceback(tmp_path, text, message):
+    result = run_cli("validate", "-f", write(tmp_path, text))
+    assert result.returncode == 1
+    assert message in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_validate_cli_missing_file():
+    result = run_cli("validate", "-f", "/nonexistent/job.yaml")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: /nonexistent/job.yaml: cannot read: No such file or directory"
+
+
+def test_defaults_come_from_the_crd():
+    defaulted = api.with_defaults(job(worker={"template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}}))
+    spec = defaulted["spec"]
+    assert spec["replicaSpecs"]["worker"]["replicas"] == 1
+    assert spec["replicaSpecs"]["worker"]["restartPolicy"] == "OnFailure"
+    assert spec["port"] == 2222
+    assert spec["successPolicy"] == "ChiefOrWorker0"
+    assert spec["runPolicy"] == {
+        "backoffLimit": 3,
+        "backoffSeconds": 10,
+        "startupTimeoutSeconds": 600,
+        "cleanPodPolicy": "Running",
+        "suspend": False,
+    }
+
+
+def test_manifests_carry_the_packaged_crd():
+    packaged = (ROOT / "operator" / "kubetf" / "crd" / "trainingjobs.kubetf.io.yaml").read_text()
+    assert (ROOT / "manifests" / "crd" / "trainingjobs.kubetf.io.yaml").read_text() == packaged, "run make manifests"
