@@ -15,8 +15,8 @@ import sys
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # kubetf_trainer
 
-import kubetf_trainer as kt  # noqa: E402
-from kubetf_trainer import args as kargs  # noqa: E402
+import kubetf_trainer as kt
+from kubetf_trainer import args as kargs
 
 
 def mnist_dataset(tf, x, y, batch_size, shuffle=True):

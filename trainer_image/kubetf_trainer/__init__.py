@@ -13,8 +13,8 @@ from typing import Any
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-from .env import TaskInfo, task_info  # noqa: E402
-from .progress import emit, parse_line  # noqa: E402
+from .env import TaskInfo, task_info
+from .progress import emit, parse_line
 
 __version__ = "0.1.0"
 

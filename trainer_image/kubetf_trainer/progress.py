@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -16,10 +17,8 @@ def _clean(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     if hasattr(value, "item") and callable(value.item):  # numpy / tf scalars
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             value = value.item()
-        except (TypeError, ValueError):
-            pass
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, (str, int, float, bool)) or value is None:
