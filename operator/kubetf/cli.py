@@ -102,6 +102,30 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from kubetf import handlers, kube
+
+    kube.load_config(args.kubeconfig)
+    kopf.configure(
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN, verbose=args.verbose
+    )
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    namespaces = args.namespace or []
+    handlers.log.info("kubetf operator watching %s", ", ".join(namespaces) or "all namespaces")
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=liveness,
+    )
+    return 0
+
+
 def _file_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("-f", "--filename", dest="file", required=True, metavar="FILE", help=help_text)
 
@@ -124,6 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     conv = commands.add_parser("convert", help="turn a Kubeflow TFJob (kubeflow.org/v1) into a TrainingJob")
     _file_argument(conv, "TFJob YAML ('-' for stdin)")
     conv.set_defaults(handler=cmd_convert)
+
+    operator = commands.add_parser("operator", help="run the operator (in a cluster or against a kubeconfig)")
+    operator.add_argument(
+        "-n", "--namespace", action="append", help="watch this namespace (repeatable); default: all namespaces"
+    )
+    operator.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else KUBECONFIG)")
+    operator.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz here (0: off)")
+    operator.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here (0: off)")
+    operator.add_argument("--log-format", choices=["json", "plain"], default="json")
+    operator.add_argument("-v", "--verbose", action="store_true")
+    operator.set_defaults(handler=cmd_operator)
     return parser
 
 

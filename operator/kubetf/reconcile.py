@@ -1,0 +1,343 @@
+"""The reconcile decision, pure: from a job (with its status) and its pods, what to write, delete and create.
+
+The operator (handlers.py) fetches, calls `plan`, then carries the plan out in this order: persist the decided
+status (restart counters and attempt numbers are written before any pod is touched, so a restarted operator
+neither loses nor double-counts a restart), delete, create, then `after_creation` for the final status.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubetf import api, builders, policy
+from kubetf import status as st
+from kubetf.api import Job
+from kubetf.policy import Outcome, Termination
+from kubetf.status import COMPLETED, CREATED, WAITING, Pod, TaskView
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    status: dict[str, Any]
+    persist_first: bool = False  # the status holds decisions that must be stored before pods are touched
+    delete: list[Pod] = field(default_factory=list)
+    create: list[dict[str, Any]] = field(default_factory=list)
+    ensure: list[dict[str, Any]] = field(default_factory=list)  # Service and PVC, made before the first pods
+    events: list[Event] = field(default_factory=list)
+    requeue_at: float | None = None
+    delete_job: bool = False
+
+    def wake_at(self, when: float | None) -> None:
+        if when is not None and (self.requeue_at is None or when < self.requeue_at):
+            self.requeue_at = when
+
+
+def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
+    job = api.with_defaults(stored)
+    status: dict[str, Any] = copy.deepcopy(stored.get("status") or {})
+    status.setdefault("restarts", {"failures": 0, "disruptions": 0, "total": 0})
+    result = Plan(status=status)
+    generation = stored["metadata"].get("generation")
+    if generation is not None:
+        status["observedGeneration"] = generation
+    phase = status.get("phase")
+
+    def transition(new_phase: str, reason: str, message: str, event_type: str = "Normal") -> None:
+        before = st.current_condition(status)
+        status["phase"] = new_phase
+        status["reason"] = reason
+        st.set_condition(status, new_phase, reason, message, now, generation)
+        if not before or (before["type"], before.get("reason"), before.get("message")) != (new_phase, reason, message):
+            result.events.append(Event(event_type, reason, message))
+
+    if phase in st.FINISHED:
+        _finished(job, pods, status, now, result)
+        return result
+
+    problems = api.validate(job)
+    if problems:
+        transition(st.FAILED, "InvalidSpec", "; ".join(str(p) for p in problems), "Warning")
+        _finish(job, pods, status, now, result)
+        return result
+
+    if api.run_policy(job).get("suspend"):
+        _suspend(job, pods, status, result, transition)
+        return result
+    if phase == st.SUSPENDED:
+        status.pop("startTime", None)  # as for batch Jobs: the active deadline counts from the resume
+        result.events.append(Event("Normal", "Resumed", "Job resumed: creating its pods"))
+        phase = None
+    if not status.get("startTime"):
+        status["startTime"] = st.format_time(now)
+
+    views, orphans = st.observe(job, pods)
+    result.delete += [p for p in orphans if not st.is_deleting(p)]
+
+    deadline = _deadline(job, status)
+    if deadline is not None and now >= deadline:
+        seconds = api.run_policy(job)["activeDeadlineSeconds"]
+        transition(
+            st.FAILED, "DeadlineExceeded", f"Job was active longer than activeDeadlineSeconds={seconds}", "Warning"
+        )
+        _finish(job, pods, status, now, result)
+        return result
+    result.wake_at(deadline)
+
+    # Tasks whose current pod finished or vanished.
+    ended: list[tuple[TaskView, Termination]] = []
+    for view in views.values():
+        if view.state == COMPLETED:
+            continue
+        termination = _termination(job, view)
+        if termination is None:
+            continue
+        if termination.outcome is Outcome.SUCCEEDED:
+            view.state = COMPLETED
+        else:
+            ended.append((view, termination))
+
+    completed = {(v.role, v.index) for v in views.values() if v.state == COMPLETED}
+    _store_tasks(status, views)
+    if policy.succeeded(job, completed):
+        who = ", ".join(builders.pod_name(api.name(job), r, i) for r, i in policy.success_tasks(job))
+        transition(st.SUCCEEDED, "Succeeded", f"{who} exited 0")
+        _finish(job, pods, status, now, result)
+        return result
+
+    if ended:
+        if not _restart(job, views, ended, status, now, result, transition):
+            _finish(job, pods, status, now, result)
+            return result
+        phase = st.RESTARTING
+
+    # Stale pods go first; a task's replacement is created only once no pod of it is left.
+    restart_after = st.parse_time(status.get("restartAfter"))
+    for view in views.values():
+        result.delete += [p for p in view.stale if not st.is_deleting(p)]
+        if view.state == WAITING and view.pod is None and not view.stale:
+            if restart_after is not None and now < restart_after:
+                result.wake_at(restart_after)
+                continue
+            result.create.append(builders.desired_pod(job, view.role, view.index, view.attempt))
+    if restart_after is not None and now >= restart_after:
+        status.pop("restartAfter", None)
+    if result.create:
+        result.ensure = [o for o in (builders.desired_pvc(job), builders.desired_service(job)) if o is not None]
+
+    _startup_timeout(job, views, status, now, result, transition)
+    if status.get("phase") == st.FAILED:
+        _finish(job, pods, status, now, result)
+        return result
+
+    _derive_phase(job, views, phase, status, transition)
+    return result
+
+
+def after_creation(
+    stored: Job, plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], now: float
+) -> dict[str, Any]:
+    """The status once `created` pods exist beside `pods`: their tasks become Created, and the phase follows."""
+    job = api.with_defaults(stored)
+    status = copy.deepcopy(plan_.status)
+    tasks = status.setdefault("tasks", {})
+    for pod in created:
+        found = st.pod_task(pod)
+        if found:
+            tasks[st.task_key(found[0], found[1])] = {"attempt": found[2], "state": CREATED}
+    if status.get("phase") in (*st.FINISHED, st.SUSPENDED):
+        return status
+    job_with_status = dict(job, status=status)
+    views, _ = st.observe(job_with_status, [*pods, *created])
+    generation = stored["metadata"].get("generation")
+    _derive_phase(job, views, status.get("phase"), status, lambda p, r, m, *_: _set(status, p, r, m, now, generation))
+    return status
+
+
+def _set(status: dict[str, Any], phase: str, reason: str, message: str, now: float, generation: int | None) -> None:
+    status["phase"] = phase
+    status["reason"] = reason
+    st.set_condition(status, phase, reason, message, now, generation)
+
+
+def _termination(job: Job, view: TaskView) -> Termination | None:
+    restart_policy = job["spec"]["replicaSpecs"][view.role]["restartPolicy"]
+    pod = view.pod
+    if pod is None:
+        if view.state == CREATED:
+            return Termination(Outcome.DISRUPTED, "PodDeleted: the pod was deleted while the job ran")
+        return None
+    termination = policy.classify_pod(pod, restart_policy)
+    if termination is None and st.is_deleting(pod):
+        # Only stale pods are deleted by the operator while a job runs: anyone else's deletion is a disruption.
+        reason = policy.disruption_reason(pod) or "PodDeleted: the pod is being deleted"
+        return Termination(Outcome.DISRUPTED, reason)
+    if termination is None and policy.disruption_reason(pod):
+        return Termination(Outcome.DISRUPTED, policy.disruption_reason(pod) or "")
+    return termination
+
+
+def _restart(
+    job: Job,
+    views: dict[str, TaskView],
+    ended: list[tuple[TaskView, Termination]],
+    status: dict[str, Any],
+    now: float,
+    result: Plan,
+    transition: Any,
+) -> bool:
+    """Count one restart for everything that ended together and bump the attempts to replace. False: job failed.
+
+    When several tasks end at once (an MWMS peer dies and the others crash waiting for it), the disruption, if
+    any, is the cause: it is counted, the crashes are not.
+    """
+    ended.sort(key=lambda e: (e[1].outcome is not Outcome.DISRUPTED, e[1].outcome is not Outcome.PERMANENT))
+    cause_view, cause = ended[0]
+    restarts = status["restarts"]
+    decision = policy.decide(job, cause_view.role, cause, restarts.get("failures", 0), restarts.get("disruptions", 0))
+    name = builders.pod_name(api.name(job), cause_view.role, cause_view.index)
+    if not decision.restart:
+        reason, _, detail = decision.reason.partition(": ")
+        transition(st.FAILED, reason, f"{name}: {detail}", "Warning")
+        result.persist_first = True
+        return False
+    disrupted = cause.outcome is Outcome.DISRUPTED
+    restarts["disruptions" if disrupted else "failures"] = (
+        restarts.get("disruptions" if disrupted else "failures", 0) + 1
+    )
+    restarts["total"] = restarts.get("failures", 0) + restarts.get("disruptions", 0)
+    restarts["lastReason"] = f"{name} {decision.reason}"
+    restarts["lastTime"] = st.format_time(now)
+    targets: list[tuple[str, int]] = []
+    for view, _termination in ended:
+        targets += [t for t in policy.restart_targets(job, view.role, view.index) if t not in targets]
+    for role, index in targets:
+        view = views[st.task_key(role, index)]
+        if view.state == COMPLETED:
+            continue  # never re-run a task that finished
+        if view.pod is not None:
+            view.stale.append(view.pod)
+            view.pod = None
+        view.attempt += 1
+        view.state = WAITING
+    _store_tasks(status, views)
+    if not disrupted:
+        status["restartAfter"] = st.format_time(now + policy.backoff_seconds(job, restarts["failures"]))
+    restarted = ", ".join(builders.pod_name(api.name(job), r, i) for r, i in targets)
+    transition(
+        st.RESTARTING,
+        "Disrupted" if disrupted else "Failed",
+        f"{name} {decision.reason}; restarting {restarted}",
+        "Warning",
+    )
+    result.persist_first = True
+    return True
+
+
+def _store_tasks(status: dict[str, Any], views: dict[str, TaskView]) -> None:
+    status["tasks"] = {key: {"attempt": v.attempt, "state": v.state} for key, v in views.items()}
+    status["replicaStatuses"] = st.replica_statuses(views)
+    total = len(views)
+    ready = sum(1 for v in views.values() if v.pod is not None and st.is_ready(v.pod))
+    status["ready"] = f"{ready}/{total}"
+
+
+def _derive_phase(
+    job: Job, views: dict[str, TaskView], previous: str | None, status: dict[str, Any], transition: Any
+) -> None:
+    _store_tasks(status, views)
+    running = all(v.state == COMPLETED or (v.pod is not None and st.is_ready(v.pod)) for v in views.values())
+    if running:
+        transition(st.RUNNING, "AllPodsRunning", f"{status['ready']} pods running")
+        return
+    reason, message = st.waiting_message(views, api.name(job))
+    if previous == st.RESTARTING:
+        current = st.current_condition(status) or {}
+        # Keep the restart's own reason visible until a pod explains a new wait.
+        if reason == "PodsStarting" and current.get("type") == st.RESTARTING:
+            return
+        transition(st.RESTARTING, reason, message, "Warning" if reason != "PodsStarting" else "Normal")
+        return
+    transition(st.PENDING, reason, message, "Warning" if reason != "PodsStarting" else "Normal")
+
+
+def _startup_timeout(
+    job: Job, views: dict[str, TaskView], status: dict[str, Any], now: float, result: Plan, transition: Any
+) -> None:
+    timeout = api.run_policy(job).get("startupTimeoutSeconds")
+    if not timeout:
+        return
+    for view in views.values():
+        pod = view.pod
+        if pod is None or st.is_deleting(pod) or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+            continue
+        created = st.parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+        if created is None:
+            continue
+        if now >= created + timeout:
+            why = st.pending_reason(pod) or "containers not started"
+            name = (pod.get("metadata") or {}).get("name")
+            transition(
+                st.FAILED,
+                "StartupTimeout",
+                f"{name} was not running after startupTimeoutSeconds={timeout}: {why}",
+                "Warning",
+            )
+            result.persist_first = True
+            return
+        result.wake_at(created + timeout)
+
+
+def _deadline(job: Job, status: dict[str, Any]) -> float | None:
+    seconds = api.run_policy(job).get("activeDeadlineSeconds")
+    start = st.parse_time(status.get("startTime"))
+    return start + seconds if seconds and start is not None else None
+
+
+def _suspend(job: Job, pods: list[Pod], status: dict[str, Any], result: Plan, transition: Any) -> None:
+    """Suspend deletes every pod and keeps the counters; tasks not finished start over on resume."""
+    views, _ = st.observe(job, pods)
+    if status.get("phase") != st.SUSPENDED:
+        for view in views.values():
+            if view.state != COMPLETED:
+                view.attempt += 1
+                view.state = WAITING
+        _store_tasks(status, views)
+        result.persist_first = True
+    result.delete += [p for p in pods if not st.is_deleting(p)]
+    status.pop("restartAfter", None)
+    transition(st.SUSPENDED, "Suspended", "Job suspended: pods deleted, counters kept")
+
+
+def _finish(job: Job, pods: list[Pod], status: dict[str, Any], now: float, result: Plan) -> None:
+    status.setdefault("completionTime", st.format_time(now))
+    status.pop("restartAfter", None)
+    result.persist_first = True
+    result.create = []
+    result.ensure = []
+    _finished(job, pods, status, now, result)
+
+
+def _finished(job: Job, pods: list[Pod], status: dict[str, Any], now: float, result: Plan) -> None:
+    """Stop what the cleanPodPolicy says, then wait for the TTL."""
+    clean = api.run_policy(job)["cleanPodPolicy"]
+    for pod in pods:
+        if st.is_deleting(pod) or clean == "None":
+            continue
+        if clean == "All" or not st.is_finished(pod):
+            result.delete.append(pod)
+    ttl = api.run_policy(job).get("ttlSecondsAfterFinished")
+    finished_at = st.parse_time(status.get("completionTime"))
+    if ttl is not None and finished_at is not None:
+        if now >= finished_at + ttl:
+            result.delete_job = True
+        else:
+            result.wake_at(finished_at + ttl)

@@ -1,0 +1,200 @@
+"""The job's state, derived from its pods: per-task view, phase, conditions, replica counts, why it waits.
+
+Pure functions. A task is `role-index`; its current pod is the one whose attempt label equals the task's attempt
+in the job's status. Pods of older attempts are stale: they are being replaced and never count.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubetf import api
+from kubetf.api import Job
+
+Pod = dict[str, Any]
+
+PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED = (
+    "Pending",
+    "Running",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+    "Suspended",
+)
+FINISHED = (SUCCEEDED, FAILED)
+PHASES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+
+# Task states kept in status.tasks.
+WAITING, CREATED, COMPLETED = "Waiting", "Created", "Succeeded"
+
+# Container waiting reasons that mean "this will not start by itself".
+STUCK_WAITING_REASONS = {
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+}
+
+
+def task_key(role: str, index: int) -> str:
+    return f"{role}-{index}"
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def format_time(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(int(epoch), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod_task(pod: Pod) -> tuple[str, int, int] | None:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    try:
+        return labels[api.LABEL_ROLE], int(labels[api.LABEL_INDEX]), int(labels.get(api.LABEL_ATTEMPT, "0"))
+    except (KeyError, ValueError):
+        return None
+
+
+def is_deleting(pod: Pod) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def is_finished(pod: Pod) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def is_ready(pod: Pod) -> bool:
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running" or is_deleting(pod):
+        return False
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    # Without readiness probes Ready follows the containers; a pod the kubelet has not reported yet is not ready.
+    return conditions.get("Ready", "True" if not status.get("conditions") else "False") == "True"
+
+
+def pending_reason(pod: Pod) -> str | None:
+    """Why a pod that should run does not: the scheduler's or the kubelet's own words."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"{condition.get('reason', 'Unschedulable')}: {condition.get('message', '')}".rstrip(": ")
+    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING_REASONS:
+            return f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+    return None
+
+
+@dataclass
+class TaskView:
+    role: str
+    index: int
+    attempt: int
+    state: str  # WAITING | CREATED | COMPLETED
+    pod: Pod | None = None  # the current attempt's pod
+    stale: list[Pod] = field(default_factory=list)  # pods of older attempts, to be gone before a new one
+
+    @property
+    def key(self) -> str:
+        return task_key(self.role, self.index)
+
+
+def task_records(job: Job) -> dict[str, dict[str, Any]]:
+    records: dict[str, dict[str, Any]] = (job.get("status") or {}).get("tasks") or {}
+    return records
+
+
+def observe(job: Job, pods: list[Pod]) -> tuple[dict[str, TaskView], list[Pod]]:
+    """Each task with its current and stale pods, plus pods that belong to no task (left over from a spec change)."""
+    records = task_records(job)
+    views: dict[str, TaskView] = {}
+    for role, index in api.tasks(job):
+        record = records.get(task_key(role, index)) or {}
+        views[task_key(role, index)] = TaskView(
+            role, index, int(record.get("attempt", 0)), record.get("state", WAITING)
+        )
+    orphans = []
+    for pod in pods:
+        found = pod_task(pod)
+        view = views.get(task_key(found[0], found[1])) if found else None
+        if found is None or view is None:
+            orphans.append(pod)
+        elif found[2] == view.attempt:
+            view.pod = pod
+        else:
+            view.stale.append(pod)
+    return views, orphans
+
+
+def replica_statuses(views: dict[str, TaskView]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for view in views.values():
+        role = counts.setdefault(view.role, {"active": 0, "ready": 0, "succeeded": 0, "failed": 0})
+        pod = view.pod
+        if view.state == COMPLETED:
+            role["succeeded"] += 1
+        elif pod is not None and not is_deleting(pod):
+            phase = (pod.get("status") or {}).get("phase")
+            if phase == "Failed":
+                role["failed"] += 1
+            elif phase != "Succeeded":
+                role["active"] += 1
+                role["ready"] += int(is_ready(pod))
+    return counts
+
+
+def waiting_message(views: dict[str, TaskView], job_name: str) -> tuple[str, str]:
+    """(reason, message) for a job whose pods are not all running yet."""
+    waiting = [v for v in views.values() if v.state != COMPLETED and not (v.pod is not None and is_ready(v.pod))]
+    stuck = [(v, pending_reason(v.pod)) for v in waiting if v.pod is not None and pending_reason(v.pod)]
+    total = sum(1 for v in views.values() if v.state != COMPLETED)
+    if stuck:
+        view, why = stuck[0]
+        reason = (why or "").split(":", 1)[0]
+        more = f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""
+        name = f"{job_name}-{view.role}-{view.index}"
+        return reason, f"{len(waiting)}/{total} pods not running; {name}{more}: {why}"
+    return "PodsStarting", f"{len(waiting)}/{total} pods not running yet"
+
+
+def set_condition(
+    status: dict[str, Any], phase: str, reason: str, message: str, now: float, generation: int | None
+) -> None:
+    """Make `phase` the one True condition (metav1.Condition shape); the others turn False."""
+    conditions = [dict(c) for c in status.get("conditions") or []]
+    stamp = format_time(now)
+    found = False
+    for condition in conditions:
+        if condition["type"] == phase:
+            found = True
+            if condition.get("status") != "True":
+                condition["lastTransitionTime"] = stamp
+            condition.update(status="True", reason=reason, message=message)
+        elif condition.get("status") == "True":
+            condition.update(status="False", lastTransitionTime=stamp)
+        if generation is not None:
+            condition["observedGeneration"] = generation
+    if not found:
+        new: dict[str, Any] = {
+            "type": phase,
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": stamp,
+        }
+        if generation is not None:
+            new["observedGeneration"] = generation
+        conditions.append(new)
+    status["conditions"] = conditions
+
+
+def current_condition(status: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("status") == "True"), None)

@@ -1,0 +1,395 @@
+"""The reconcile decisions, step by step, with pods driven the way the kubelet and the scheduler would."""
+
+import copy
+
+import pytest
+from kubetf import reconcile
+from kubetf import status as st
+
+from .jobs import job, replica
+
+T0 = 1_800_000_000.0
+
+
+class Sim:
+    """Carries plans out like handlers.reconcile_job does, on in-memory pods."""
+
+    def __init__(self, document, now=T0):
+        self.job = copy.deepcopy(document)
+        self.job["metadata"].setdefault("generation", 1)
+        self.pods = {}
+        self.now = now
+        self.plans = []
+        self.writes = 0
+        self.uid = 0
+
+    def step(self, advance=0.0):
+        self.now += advance
+        pods = list(copy.deepcopy(self.pods).values())
+        plan = reconcile.plan(self.job, pods, self.now)
+        self.plans.append(plan)
+        stored = self.job.get("status") or {}
+        if plan.persist_first and plan.status != stored:
+            self.job["status"] = copy.deepcopy(plan.status)
+            self.writes += 1
+        for pod in plan.delete:
+            self.pods[pod["metadata"]["name"]]["metadata"]["deletionTimestamp"] = st.format_time(self.now)
+        created = []
+        for pod in plan.create:
+            name = pod["metadata"]["name"]
+            if name in self.pods:
+                continue
+            pod = copy.deepcopy(pod)
+            self.uid += 1
+            pod["metadata"]["uid"] = f"uid-{self.uid}"
+            pod["metadata"]["creationTimestamp"] = st.format_time(self.now)
+            pod["status"] = {"phase": "Pending"}
+            self.pods[name] = pod
+            created.append(pod)
+        final = reconcile.after_creation(self.job, plan, pods, created, self.now)
+        if final != (self.job.get("status") or {}):
+            self.job["status"] = final
+            self.writes += 1
+        return plan
+
+    # --- what the kubelet and others do
+    def run(self, *names):
+        for name in names or list(self.pods):
+            pod = self.pods[name]
+            if pod["status"]["phase"] == "Pending" and "deletionTimestamp" not in pod["metadata"]:
+                pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+    def exit(self, name, code, **terminated):
+        self.pods[name]["status"] = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "containerStatuses": [{"name": "tensorflow", "state": {"terminated": {"exitCode": code, **terminated}}}],
+        }
+
+    def evict(self, name):
+        pod = self.pods[name]
+        pod["status"].setdefault("conditions", []).append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting",
+            }
+        )
+        pod["metadata"]["deletionTimestamp"] = st.format_time(self.now)
+
+    def gone(self):
+        """Pods being deleted finish terminating."""
+        self.pods = {n: p for n, p in self.pods.items() if "deletionTimestamp" not in p["metadata"]}
+
+    def attempt(self, name):
+        return self.pods[name]["metadata"]["labels"]["kubetf.io/attempt"]
+
+    @property
+    def status(self):
+        return self.job["status"]
+
+    def condition(self):
+        return st.current_condition(self.status)
+
+
+def started(document, **kwargs):
+    sim = Sim(document, **kwargs)
+    sim.step()
+    sim.run()
+    sim.step()
+    assert sim.status["phase"] == "Running", sim.status
+    return sim
+
+
+def ps_job(**run_policy):
+    document = job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1), evaluator=replica(1))
+    document["spec"]["checkpoint"] = {"size": "1Gi"}
+    document["spec"]["runPolicy"] = run_policy
+    return document
+
+
+def mwms_job(**run_policy):
+    document = job(chief=replica(1), worker=replica(2))
+    document["spec"]["runPolicy"] = {"backoffSeconds": 10, **run_policy}
+    return document
+
+
+def test_a_new_job_creates_exactly_its_children_and_reaches_running():
+    sim = Sim(ps_job())
+    plan = sim.step()
+    assert sorted(p["metadata"]["name"] for p in plan.create) == [
+        "mnist-chief-0",
+        "mnist-evaluator-0",
+        "mnist-ps-0",
+        "mnist-worker-0",
+        "mnist-worker-1",
+    ]
+    assert [o["kind"] for o in plan.ensure] == ["PersistentVolumeClaim", "Service"]
+    assert sim.status["phase"] == "Pending"
+    assert sim.status["tasks"]["worker-1"] == {"attempt": 0, "state": "Created"}
+    assert sim.status["ready"] == "0/5"
+    # Replaying the same reconcile creates nothing more.
+    assert sim.step().create == []
+    sim.run()
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    assert sim.condition()["type"] == "Running"
+    assert sim.status["ready"] == "5/5"
+    assert sim.status["replicaStatuses"]["worker"] == {"active": 2, "ready": 2, "succeeded": 0, "failed": 0}
+    assert sim.status["startTime"] == st.format_time(T0)
+    assert all(c["observedGeneration"] == 1 for c in sim.status["conditions"])
+
+
+def test_a_job_at_rest_is_not_written():
+    sim = started(ps_job())
+    writes = sim.writes
+    for _ in range(3):
+        plan = sim.step(1)
+        assert not plan.create and not plan.delete and not plan.events
+    assert sim.writes == writes
+
+
+def test_mwms_eviction_restarts_the_whole_group_as_a_disruption():
+    sim = started(mwms_job(backoffLimit=0))
+    sim.evict("mnist-worker-1")
+    plan = sim.step()
+    assert plan.persist_first
+    assert sim.status["restarts"]["disruptions"] == 1
+    assert sim.status["restarts"]["failures"] == 0
+    assert sim.status["phase"] == "Restarting"
+    assert "EvictionByEvictionAPI" in sim.condition()["message"]
+    # The other group members are stopped; nothing is created while an old pod of a task exists.
+    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-chief-0", "mnist-worker-0"]
+    assert plan.create == []
+    sim.gone()
+    plan = sim.step()
+    assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
+    assert {sim.attempt(n) for n in sim.pods} == {"1"}
+    sim.run()
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    assert sim.status["restarts"] == {
+        "failures": 0,
+        "disruptions": 1,
+        "total": 1,
+        "lastReason": sim.status["restarts"]["lastReason"],
+        "lastTime": st.format_time(T0),
+    }
+
+
+def test_crashes_of_peers_after_a_disruption_are_not_counted():
+    sim = started(mwms_job())
+    sim.evict("mnist-worker-1")
+    sim.exit("mnist-worker-0", 1)  # the peer fails waiting for the evicted one
+    sim.step()
+    assert sim.status["restarts"]["disruptions"] == 1
+    assert sim.status["restarts"]["failures"] == 0
+    # Old pods failing later are stale: ignored.
+    sim.exit("mnist-chief-0", 1)
+    sim.step()
+    assert sim.status["restarts"]["total"] == 1
+
+
+def test_worker_failure_counts_and_backs_off_then_fails_past_the_limit():
+    sim = started(mwms_job(backoffLimit=1))
+    sim.exit("mnist-worker-0", 1)
+    plan = sim.step()
+    assert sim.status["restarts"]["failures"] == 1
+    assert sim.status["restartAfter"] == st.format_time(sim.now + 10)
+    sim.gone()
+    plan = sim.step(1)
+    assert plan.create == []
+    assert plan.requeue_at == T0 + 10
+    plan = sim.step(9)
+    assert len(plan.create) == 3
+    sim.run()
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    sim.exit("mnist-worker-1", 3)
+    plan = sim.step()
+    assert sim.status["phase"] == "Failed"
+    assert sim.status["reason"] == "BackoffLimitExceeded"
+    assert sim.condition()["message"] == "mnist-worker-1: exit code 3 after 1 restart(s)"
+    # cleanPodPolicy Running: the still running pods are stopped, the failed one kept for its logs.
+    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-chief-0", "mnist-worker-0"]
+    assert sim.status["completionTime"]
+
+
+def test_ps_worker_deleted_is_recreated_alone_with_the_same_name():
+    sim = started(ps_job())
+    del sim.pods["mnist-worker-1"]
+    plan = sim.step()
+    assert [p["metadata"]["name"] for p in plan.create] == ["mnist-worker-1"]
+    assert plan.delete == []
+    assert sim.status["restarts"]["disruptions"] == 1
+    assert sim.attempt("mnist-worker-1") == "1"
+    assert sim.attempt("mnist-worker-0") == "0"
+
+
+def test_ps_failure_recreates_it_and_restarts_the_chief():
+    sim = started(ps_job())
+    sim.exit("mnist-ps-0", 1)
+    plan = sim.step()
+    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-chief-0", "mnist-ps-0"]
+    sim.gone()
+    plan = sim.step(60)
+    assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-ps-0"]
+    assert sim.attempt("mnist-worker-0") == "0"
+
+
+def test_failed_pod_is_deleted_before_its_replacement():
+    sim = started(ps_job())
+    sim.exit("mnist-worker-0", 1)
+    plan = sim.step()
+    assert [p["metadata"]["name"] for p in plan.delete] == ["mnist-worker-0"]
+    assert plan.create == []
+
+
+@pytest.mark.parametrize("code,phase,counter", [(2, "Failed", None), (137, "Restarting", "disruptions")])
+def test_exit_code_policy(code, phase, counter):
+    document = mwms_job()
+    document["spec"]["replicaSpecs"]["worker"]["restartPolicy"] = "ExitCode"
+    sim = started(document)
+    sim.exit("mnist-worker-0", code)
+    sim.step()
+    assert sim.status["phase"] == phase
+    if counter:
+        assert sim.status["restarts"][counter] == 1
+    else:
+        assert sim.status["reason"] == "PermanentFailure"
+
+
+def test_chief_success_stops_the_rest_and_never_reruns_completed_workers():
+    sim = started(ps_job())
+    sim.exit("mnist-worker-0", 0)
+    sim.step()
+    assert sim.status["tasks"]["worker-0"]["state"] == "Succeeded"
+    del sim.pods["mnist-worker-0"]
+    assert sim.step().create == []
+    sim.exit("mnist-chief-0", 0)
+    plan = sim.step()
+    assert sim.status["phase"] == "Succeeded"
+    assert sim.condition()["message"] == "mnist-chief-0 exited 0"
+    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-evaluator-0", "mnist-ps-0", "mnist-worker-1"]
+    sim.gone()
+    plan = sim.step(100)
+    assert plan.create == [] and plan.delete == []
+
+
+def test_clean_pod_policy_none_and_all():
+    for policy, expected in (
+        ("None", []),
+        ("All", ["mnist-chief-0", "mnist-evaluator-0", "mnist-ps-0", "mnist-worker-0", "mnist-worker-1"]),
+    ):
+        sim = started(ps_job(cleanPodPolicy=policy))
+        sim.exit("mnist-chief-0", 0)
+        plan = sim.step()
+        assert sorted(p["metadata"]["name"] for p in plan.delete) == expected
+
+
+def test_active_deadline_fires_by_its_own_timer():
+    sim = started(mwms_job(activeDeadlineSeconds=30))
+    plan = sim.step(1)
+    assert plan.requeue_at == T0 + 30
+    sim.step(29)
+    assert sim.status["phase"] == "Failed"
+    assert sim.status["reason"] == "DeadlineExceeded"
+
+
+def test_stuck_pending_says_why_then_fails_after_the_startup_timeout():
+    sim = Sim(mwms_job(startupTimeoutSeconds=60))
+    sim.step()
+    sim.run("mnist-chief-0", "mnist-worker-0")
+    sim.pods["mnist-worker-1"]["status"] = {
+        "phase": "Pending",
+        "containerStatuses": [
+            {
+                "name": "tensorflow",
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}},
+            }
+        ],
+    }
+    plan = sim.step(5)
+    assert sim.status["phase"] == "Pending"
+    assert sim.status["reason"] == "ImagePullBackOff"
+    assert "mnist-worker-1: ImagePullBackOff: Back-off pulling image" in sim.condition()["message"]
+    assert any(e.type == "Warning" and e.reason == "ImagePullBackOff" for e in plan.events)
+    assert plan.requeue_at == T0 + 60
+    sim.step(55)
+    assert sim.status["phase"] == "Failed"
+    assert sim.status["reason"] == "StartupTimeout"
+    assert "ImagePullBackOff" in sim.condition()["message"]
+
+
+def test_unschedulable_reason_comes_from_the_scheduler():
+    sim = Sim(mwms_job())
+    sim.step()
+    message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    for pod in sim.pods.values():
+        pod["status"] = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
+        }
+    sim.step()
+    assert sim.status["reason"] == "Unschedulable"
+    assert message in sim.condition()["message"]
+
+
+def test_ttl_deletes_the_finished_job():
+    sim = started(mwms_job(ttlSecondsAfterFinished=100))
+    sim.exit("mnist-chief-0", 0)
+    sim.step()
+    plan = sim.step(1)
+    assert plan.requeue_at == T0 + 100 and not plan.delete_job
+    assert sim.step(99).delete_job
+
+
+def test_suspend_deletes_pods_keeps_counters_and_resume_recreates():
+    sim = started(mwms_job())
+    sim.evict("mnist-worker-0")
+    sim.step()
+    sim.gone()
+    sim.step()
+    sim.run()
+    sim.step()
+    sim.job["spec"]["runPolicy"]["suspend"] = True
+    plan = sim.step()
+    assert sim.status["phase"] == "Suspended"
+    assert len(plan.delete) == 3
+    sim.gone()
+    assert sim.step().create == []
+    assert sim.status["restarts"]["disruptions"] == 1
+    sim.job["spec"]["runPolicy"]["suspend"] = False
+    plan = sim.step()
+    assert len(plan.create) == 3
+    assert sim.status["restarts"]["disruptions"] == 1
+    assert sim.status["phase"] == "Pending"
+
+
+def test_invalid_job_fails_with_the_reason_and_no_pods():
+    document = mwms_job()
+    document["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["restartPolicy"] = "Always"
+    sim = Sim(document)
+    plan = sim.step()
+    assert plan.create == [] and plan.ensure == []
+    assert sim.status["phase"] == "Failed"
+    assert sim.status["reason"] == "InvalidSpec"
+    assert "template.spec.restartPolicy" in sim.condition()["message"]
+
+
+def test_max_disruptions():
+    sim = started(mwms_job(maxDisruptions=0))
+    sim.evict("mnist-worker-0")
+    sim.step()
+    assert sim.status["phase"] == "Failed"
+    assert sim.status["reason"] == "MaxDisruptionsExceeded"
+
+
+def test_phase_and_condition_always_agree():
+    sim = started(ps_job())
+    sim.exit("mnist-ps-0", 1)
+    for advance in (0, 1, 60):
+        sim.step(advance)
+        sim.gone()
+        assert sim.condition()["type"] == sim.status["phase"]
+        assert sum(c["status"] == "True" for c in sim.status["conditions"]) == 1
