@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from kubetf import api, builders
+from kubetf import api, builders, local
 from kubetf.convert import ConversionError, convert
 
 
@@ -148,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     conv = commands.add_parser("convert", help="turn a Kubeflow TFJob (kubeflow.org/v1) into a TrainingJob")
     _file_argument(conv, "TFJob YAML ('-' for stdin)")
     conv.set_defaults(handler=cmd_convert)
+
+    local_run = commands.add_parser("local", help="run a TrainingJob's replicas as local processes, no cluster")
+    local.add_arguments(local_run)
+    local_run.set_defaults(handler=local.run_from_args)
 
     operator = commands.add_parser("operator", help="run the operator (in a cluster or against a kubeconfig)")
     operator.add_argument(
