@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import yaml
 
-from kubetf import api, builders, local
+from kubetf import api, builders, jobctl, kube, local
 from kubetf.convert import ConversionError, convert
+from kubetf.kube import Kube
+
+T = TypeVar("T")
 
 
 class CliError(Exception):
@@ -106,7 +109,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from kubetf import handlers, kube
+    from kubetf import handlers
 
     kube.load_config(args.kubeconfig)
     kopf.configure(
@@ -124,6 +127,69 @@ def cmd_operator(args: argparse.Namespace) -> int:
         liveness_endpoint=liveness,
     )
     return 0
+
+
+def _cluster(args: argparse.Namespace) -> Kube:
+    kube.load_config(args.kubeconfig)
+    return Kube()
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    if args.namespace:
+        return str(args.namespace)
+    try:
+        from kubernetes import config
+
+        _, context = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        return str(context["context"].get("namespace") or "default")
+    except Exception:  # no kubeconfig (in-cluster) or no current context: the default namespace
+        return "default"
+
+
+def _job_command(run: Callable[[], T]) -> T:
+    try:
+        return run()
+    except jobctl.JobError as error:
+        raise CliError(str(error)) from error
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    documents = _documents(args.file)
+    if len(documents) != 1:
+        raise CliError(f"{args.file}: expected one TrainingJob, found {len(documents)} documents")
+    (job,) = documents
+    problems = api.validate(job)
+    if problems:
+        raise CliError("\n".join(f"{args.file}: {p}" for p in problems))
+    client = _cluster(args)
+    created = _job_command(lambda: jobctl.submit(client, job, args.namespace))
+    meta = created["metadata"]
+    print(f"trainingjob {meta['namespace']}/{meta['name']} submitted")
+    if args.detach:
+        return 0
+    return _job_command(lambda: jobctl.follow(client, meta["namespace"], meta["name"], sys.stdout, args.timeout))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    client = _cluster(args)
+    return _job_command(lambda: jobctl.print_status(client, _namespace(args), args.name, sys.stdout))
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = _cluster(args)
+    return _job_command(
+        lambda: jobctl.print_logs(client, _namespace(args), args.name, sys.stdout, args.follow, args.role)
+    )
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    client = _cluster(args)
+    return _job_command(lambda: jobctl.delete(client, _namespace(args), args.name, sys.stdout))
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
 
 
 def _file_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
@@ -152,6 +218,30 @@ def build_parser() -> argparse.ArgumentParser:
     local_run = commands.add_parser("local", help="run a TrainingJob's replicas as local processes, no cluster")
     local.add_arguments(local_run)
     local_run.set_defaults(handler=local.run_from_args)
+
+    submit_cmd = commands.add_parser("submit", help="create a TrainingJob and follow it to the end")
+    _file_argument(submit_cmd, "TrainingJob YAML ('-' for stdin)")
+    _cluster_arguments(submit_cmd)
+    submit_cmd.add_argument("-d", "--detach", action="store_true", help="return once submitted")
+    submit_cmd.add_argument("--timeout", type=float, help="stop following after this many seconds")
+    submit_cmd.set_defaults(handler=cmd_submit)
+
+    status_cmd = commands.add_parser("status", help="a job's phase, replicas, restarts and recent events")
+    status_cmd.add_argument("name")
+    _cluster_arguments(status_cmd)
+    status_cmd.set_defaults(handler=cmd_status)
+
+    logs_cmd = commands.add_parser("logs", help="logs of every replica, prefixed by role and index")
+    logs_cmd.add_argument("name")
+    _cluster_arguments(logs_cmd)
+    logs_cmd.add_argument("-f", "--follow", action="store_true", help="stream until the job finishes")
+    logs_cmd.add_argument("--role", choices=api.ROLES, help="only this role")
+    logs_cmd.set_defaults(handler=cmd_logs)
+
+    delete_cmd = commands.add_parser("delete", help="delete a job (the checkpoint PVC follows retainOnDelete)")
+    delete_cmd.add_argument("name")
+    _cluster_arguments(delete_cmd)
+    delete_cmd.set_defaults(handler=cmd_delete)
 
     operator = commands.add_parser("operator", help="run the operator (in a cluster or against a kubeconfig)")
     operator.add_argument(

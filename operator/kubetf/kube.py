@@ -105,16 +105,21 @@ class Kube:
             raise
         return updated
 
-    def delete_job(self, namespace: str, name: str, uid: str) -> None:
-        body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
+    def delete_job(self, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Delete a job (its children go with it); with `uid`, only that incarnation. False when not there."""
+        body: Obj = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
             self._call(
                 "delete", api.PLURAL, self.custom.delete_namespaced_custom_object,
                 api.GROUP, api.VERSION, namespace, api.PLURAL, name, body=body,
             )  # fmt: skip
         except ApiException as error:
-            if error.status not in (404, 409):
-                raise
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
 
     def patch_job_spec(self, namespace: str, name: str, spec_patch: Obj) -> Obj:
         patched: Obj = self._call(
@@ -185,6 +190,42 @@ class Kube:
         except ApiException as error:
             if error.status not in (404, 409):  # gone, or already replaced by a newer pod of that name
                 raise
+
+    def get_pod(self, namespace: str, name: str) -> Obj | None:
+        try:
+            pod: Obj = self._call("get", "pods", self.core.read_namespaced_pod, name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return pod
+
+    def pod_log(self, namespace: str, name: str, follow: bool = False, container: str | None = None) -> Any:
+        """The pod's log as a stream of bytes lines (follow: until the container ends)."""
+        self.limiter.acquire()
+        response = self.core.read_namespaced_pod_log(
+            name, namespace, container=container, follow=follow, _preload_content=False,
+            _request_timeout=(self.timeout[0], None) if follow else self.timeout,
+        )  # fmt: skip
+        return response
+
+    def list_events(self, namespace: str, name: str) -> list[Obj]:
+        result = self._call(
+            "list", "events", self.core.list_namespaced_event, namespace, field_selector=f"involvedObject.name={name}"
+        )
+        items: list[Obj] = result["items"]
+        return items
+
+    def get_pvc(self, namespace: str, name: str) -> Obj | None:
+        try:
+            pvc: Obj = self._call(
+                "get", "persistentvolumeclaims", self.core.read_namespaced_persistent_volume_claim, name, namespace
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return pvc
 
     # ------------------------------------------------------------------ events
 

@@ -1,0 +1,305 @@
+"""Integration tier: the operator, as a process, against a real kube-apiserver (no mocks).
+
+Pods are never scheduled here (an unknown schedulerName), so no kubelet touches them: tests set pod status the
+way the kubelet and the scheduler would, as envtest-style tests do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubetf import api
+
+ROOT = Path(__file__).resolve().parents[2]
+UNSCHEDULED = "kubetf-test-unscheduled"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/tests/integration/" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition", interval: float = 0.05):
+    """Poll until `predicate()` is truthy; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+class Cluster:
+    """Thin test helpers over the official client, returning plain dicts."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.api_client = config.new_client_from_config(config_file=kubeconfig)
+        self.core = client.CoreV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.ext = client.ApiextensionsV1Api(self.api_client)
+
+    @staticmethod
+    def raw(response) -> Any:
+        return json.loads(response.data) if response.data else None
+
+    def install_crd(self) -> None:
+        crd = yaml.safe_load((ROOT / "manifests" / "crd" / f"{api.CRD_NAME}.yaml").read_text())
+        try:
+            existing = self.ext.read_custom_resource_definition(api.CRD_NAME)
+            crd["metadata"]["resourceVersion"] = existing.metadata.resource_version
+            self.ext.replace_custom_resource_definition(api.CRD_NAME, crd)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self.ext.create_custom_resource_definition(crd)
+
+        def established():
+            status = self.ext.read_custom_resource_definition(api.CRD_NAME).status
+            return any(c.type == "Established" and c.status == "True" for c in status.conditions or [])
+
+        wait_for(established, 30, "the CRD to be established")
+
+    # --- jobs
+    def create_job(self, namespace: str, name: str, spec: dict, **metadata: Any) -> dict:
+        body = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": name, "namespace": namespace, **metadata},
+            "spec": spec,
+        }
+        return self.raw(
+            self.custom.create_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, body, _preload_content=False
+            )
+        )
+
+    def job(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self.raw(
+                self.custom.get_namespaced_custom_object(
+                    api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def status(self, namespace: str, name: str) -> dict:
+        return (self.job(namespace, name) or {}).get("status") or {}
+
+    def patch_spec(self, namespace: str, name: str, spec: dict) -> None:
+        self.custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"spec": spec})
+
+    def wait_phase(self, namespace: str, name: str, phase: str, timeout: float = 20) -> dict:
+        return wait_for(
+            lambda: (s := self.status(namespace, name)).get("phase") == phase and s,
+            timeout,
+            f"{name} to be {phase} (status: {self.status(namespace, name)})",
+        )
+
+    # --- pods
+    def pods(self, namespace: str, job: str) -> dict[str, dict]:
+        items = self.raw(
+            self.core.list_namespaced_pod(namespace, label_selector=f"{api.LABEL_JOB}={job}", _preload_content=False)
+        )["items"]
+        return {p["metadata"]["name"]: p for p in items}
+
+    def live_pods(self, namespace: str, job: str) -> dict[str, dict]:
+        return {n: p for n, p in self.pods(namespace, job).items() if not p["metadata"].get("deletionTimestamp")}
+
+    def set_status(self, pod: dict, status: dict) -> None:
+        meta = pod["metadata"]
+        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
+
+    @staticmethod
+    def _container_status(pod: dict, state: dict, ready: bool) -> list[dict]:
+        container = pod["spec"]["containers"][0]
+        return [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": ready,
+                "restartCount": 0,
+                "state": state,
+            }
+        ]
+
+    def run(self, pod: dict) -> None:
+        """What the kubelet reports for a started pod."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.set_status(
+            pod,
+            {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+                "containerStatuses": self._container_status(pod, {"running": {"startedAt": now}}, True),
+            },
+        )
+
+    def wait_pods(self, namespace: str, job: str, predicate, what: str, timeout: float = 15) -> dict[str, dict]:
+        """The job's live pods, once `predicate(pods)` holds."""
+
+        def check():
+            pods = self.live_pods(namespace, job)
+            return pods if predicate(pods) else None
+
+        return wait_for(check, timeout, what)
+
+    def run_all(self, namespace: str, job: str, count: int) -> None:
+        pods = self.wait_pods(namespace, job, lambda p: len(p) == count, f"{count} live pods of {job}", 20)
+        for pod in pods.values():
+            if (pod.get("status") or {}).get("phase") in (None, "Pending"):
+                self.run(pod)
+
+    def exit(self, pod: dict, code: int, reason: str | None = None) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        terminated = {
+            "exitCode": code,
+            "startedAt": now,
+            "finishedAt": now,
+            "reason": reason or ("Completed" if code == 0 else "Error"),
+        }
+        self.set_status(
+            pod,
+            {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+                "containerStatuses": self._container_status(pod, {"terminated": terminated}, False),
+            },
+        )
+
+    def delete_pod(self, pod: dict) -> None:
+        self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])
+
+    def events(self, namespace: str, name: str) -> list[dict]:
+        items = self.raw(
+            self.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+            )
+        )["items"]
+        return items
+
+
+class Operator:
+    """`kubetf operator` as a real process, as it runs in a cluster, against the test cluster's kubeconfig."""
+
+    def __init__(self, kubeconfig: str, log_path: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kubetf.cli",
+                "operator",
+                "--kubeconfig",
+                self.kubeconfig,
+                "--liveness-port",
+                str(self.port),
+                "--metrics-port",
+                "0",
+                "--log-format",
+                "plain",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+        def healthy():
+            if self.process.poll() is not None:
+                pytest.fail(f"operator exited with {self.process.returncode}; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 30, "the operator's /healthz")
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+@pytest.fixture(scope="session")
+def cluster(kube_cluster) -> Cluster:
+    cluster = Cluster(kube_cluster.kubeconfig)
+    cluster.install_crd()
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("operator") / "operator.log"
+    process = Operator(cluster.kubeconfig, log_path)
+    process.start()
+    yield process
+    process.stop()
+    print(f"operator log: {log_path}")
+
+
+@pytest.fixture
+def namespace(cluster, operator):
+    name = f"it-{uuid.uuid4().hex[:8]}"
+    cluster.core.create_namespace({"metadata": {"name": name}})
+
+    def default_service_account():
+        try:
+            return cluster.core.read_namespaced_service_account("default", name)
+        except ApiException:
+            return None
+
+    wait_for(default_service_account, 30, f"the default ServiceAccount in {name}")
+    yield name
+    cluster.core.delete_namespace(name)
+
+
+def pod_template(command=("python", "train.py"), **spec: Any) -> dict:
+    return {
+        "spec": {
+            "schedulerName": UNSCHEDULED,
+            "containers": [{"name": "tensorflow", "image": "kubetf/python-base:bookworm", "command": list(command)}],
+            **spec,
+        }
+    }
+
+
+def replica(replicas: int = 1, **extra: Any) -> dict:
+    return {"replicas": replicas, "template": pod_template(), **extra}
