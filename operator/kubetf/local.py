@@ -95,9 +95,7 @@ def _expand(arg: str, env: dict[str, str]) -> str:
     return "$".join(_VAR.sub(sub, part) for part in parts)
 
 
-def container_argv(
-    container: dict[str, Any], env: dict[str, str], path_map: dict[str, str], python: str
-) -> list[str]:
+def container_argv(container: dict[str, Any], env: dict[str, str], path_map: dict[str, str], python: str) -> list[str]:
     command = list(container.get("command") or [])
     args = list(container.get("args") or [])
     if not command and not args:
@@ -210,8 +208,14 @@ class LocalJob:
             return f"localhost:{ports[(role, index)]}"
 
         base = dict(os.environ)
-        for key in ("TF_CONFIG", "KUBETF_JOB_NAME", "KUBETF_ROLE", "KUBETF_INDEX", "KUBETF_STRATEGY",
-                    "KUBETF_CHECKPOINT_DIR"):
+        for key in (
+            "TF_CONFIG",
+            "KUBETF_JOB_NAME",
+            "KUBETF_ROLE",
+            "KUBETF_INDEX",
+            "KUBETF_STRATEGY",
+            "KUBETF_CHECKPOINT_DIR",
+        ):
             base.pop(key, None)
         for role, index in tasks:
             container = builders.training_container(self.job, role)
@@ -475,18 +479,30 @@ def run_local(
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("-f", "--filename", required=True, help="the TrainingJob YAML ('-' for stdin)")
     parser.add_argument("--workdir", default=None, help="logs and checkpoint dir (default $TMPDIR/kubetf-local/JOB)")
-    parser.add_argument("--map", action="append", default=[], metavar="IMAGE_PATH=LOCAL_PATH",
-                        help="rewrite a path prefix of the container command (default /opt/kubetf=<trainer_image>)")
+    parser.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="IMAGE_PATH=LOCAL_PATH",
+        help="rewrite a path prefix of the container command (default /opt/kubetf=<trainer_image>)",
+    )
     parser.add_argument("--no-default-map", action="store_true", help="run the command paths as written")
     parser.add_argument("--python", default=None, help="interpreter for a `python` command (default: this one)")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra environment for every replica")
-    parser.add_argument("--grace-period", type=float, default=10.0,
-                        help="seconds between SIGTERM and SIGKILL when stopping a replica")
-    parser.add_argument("--evaluator-timeout", type=float, default=120.0,
-                        help="after success, how long the evaluator may take to finish")
-    parser.add_argument("--backoff-scale", type=float, default=1.0,
-                        help="multiply the failure backoff (0 restarts failures at once)")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra environment for every replica"
+    )
+    parser.add_argument(
+        "--grace-period", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL when stopping a replica"
+    )
+    parser.add_argument(
+        "--evaluator-timeout",
+        type=float,
+        default=120.0,
+        help="after success, how long the evaluator may take to finish",
+    )
+    parser.add_argument(
+        "--backoff-scale", type=float, default=1.0, help="multiply the failure backoff (0 restarts failures at once)"
+    )
     return parser
 
 

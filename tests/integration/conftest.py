@@ -21,6 +21,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
 from kubetf import api
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ import time
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+
 from kubetf import api
 
 from .conftest import replica, wait_for

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from kubetf import api, builders
 
 from .jobs import VALID_JOBS, container, job, replica

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import yaml
+
 from kubetf import api, builders
 from kubetf.convert import ConversionError, convert
 

@@ -1,4 +1,5 @@
 import pytest
+
 from kubetf import api, policy
 from kubetf.policy import Outcome
 

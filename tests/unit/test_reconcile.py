@@ -3,6 +3,7 @@
 import copy
 
 import pytest
+
 from kubetf import reconcile
 from kubetf import status as st
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kubetf import api
 from kubetf.cli import main
 

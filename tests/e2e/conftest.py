@@ -1,0 +1,131 @@
+"""e2e tier: the operator installed with helm, real TensorFlow in real pods on the local node.
+
+The session builds and loads the images (`make images`), installs the chart into a namespace that enforces the
+`restricted` Pod Security Standard, and leaves it installed for the tests; test_uninstall.py runs last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from tests.integration.conftest import Cluster, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR_NAMESPACE = "kubetf-system"
+RELEASE = "kubetf"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/tests/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
+
+
+def run(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+    if check and result.returncode != 0:
+        pytest.fail(f"`{' '.join(args)}` exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name, path=f"{Path.home()}/.cache/kubetf/bin:{os.environ.get('PATH', '')}")
+    if not path:
+        pytest.fail(f"{name} not found: `tests/cluster/local-cluster.sh up` installs it under ~/.cache/kubetf/bin")
+    return path
+
+
+@pytest.fixture(scope="session")
+def e2e_cluster(kube_cluster) -> Cluster:
+    cluster = Cluster(kube_cluster.kubeconfig)
+    env_kubeconfig = os.environ.setdefault("KUBECONFIG", kube_cluster.kubeconfig)
+    assert env_kubeconfig
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def images(e2e_cluster):
+    run("make", "images", timeout=2400)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(tool("helm"), *args, check=check)
+
+
+@pytest.fixture(scope="session")
+def installed(e2e_cluster, images) -> Cluster:
+    """The chart installed as a user would, into a namespace enforcing the restricted Pod Security Standard."""
+    labels = {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }
+    try:
+        e2e_cluster.core.create_namespace({"metadata": {"name": OPERATOR_NAMESPACE, "labels": labels}})
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        e2e_cluster.core.patch_namespace(OPERATOR_NAMESPACE, {"metadata": {"labels": labels}})
+    helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
+    return e2e_cluster
+
+
+@pytest.fixture
+def namespace(installed):
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    installed.core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: _service_account(installed, name), 30, f"the default ServiceAccount in {name}")
+    yield name
+    installed.core.delete_namespace(name)
+
+
+def _service_account(cluster: Cluster, namespace: str):
+    try:
+        return cluster.core.read_namespaced_service_account("default", namespace)
+    except ApiException:
+        return None
+
+
+def sample(name: str) -> dict:
+    return yaml.safe_load((ROOT / "manifests" / "samples" / f"{name}.yaml").read_text())
+
+
+def create(cluster: Cluster, namespace: str, job: dict) -> dict:
+    return cluster.create_job(namespace, job["metadata"]["name"], job["spec"])
+
+
+def progress(cluster: Cluster, namespace: str, pod: str) -> list[dict]:
+    """The trainer's progress records in a pod's log so far."""
+    try:
+        text = cluster.core.read_namespaced_pod_log(pod, namespace)
+    except ApiException:
+        return []
+    records = []
+    for line in text.splitlines():
+        start = line.find('{"kubetf"')
+        if start >= 0:
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line[start:]))
+    return records
+
+
+def wait_progress(cluster: Cluster, namespace: str, pod: str, predicate, what: str, timeout: float = 300) -> list:
+    def check():
+        records = progress(cluster, namespace, pod)
+        return records if predicate(records) else None
+
+    return wait_for(check, timeout, what, interval=1.0)
+
+
+def elapsed(start: float) -> str:
+    return f"{time.monotonic() - start:.1f}s"

@@ -1,0 +1,216 @@
+"""Day one on a real cluster: install, train, preempt, resume (issue: helm, images, e2e)."""
+
+import subprocess
+import sys
+import time
+
+import yaml
+from kubernetes import client
+
+from kubetf import api
+from tests.integration.conftest import wait_for
+
+from .conftest import OPERATOR_NAMESPACE, create, elapsed, progress, sample, wait_progress
+
+
+def reader_pod(cluster, namespace, claim, command):
+    """A pod that runs `command` with the job's checkpoint volume mounted, and returns its log."""
+    name = f"reader-{int(time.time() * 1000) % 100000}"
+    cluster.core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+                "containers": [
+                    {
+                        "name": "read",
+                        "image": "kubetf/python-base:bookworm",
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": command,
+                        "volumeMounts": [{"name": "c", "mountPath": "/checkpoints"}],
+                    }
+                ],
+                "volumes": [{"name": "c", "persistentVolumeClaim": {"claimName": claim}}],
+            },
+        },
+    )
+    wait_for(
+        lambda: cluster.core.read_namespaced_pod(name, namespace).status.phase in ("Succeeded", "Failed"),
+        120,
+        f"{name} to finish",
+        interval=0.5,
+    )
+    return cluster.core.read_namespaced_pod(name, namespace).status.phase, cluster.core.read_namespaced_pod_log(
+        name, namespace
+    )
+
+
+def test_the_operator_runs_under_the_restricted_pod_security_standard(installed):
+    apps = client.AppsV1Api(installed.api_client)
+    (deployment,) = apps.list_namespaced_deployment(OPERATOR_NAMESPACE).items
+    assert deployment.status.available_replicas == 1
+    labels = installed.core.read_namespace(OPERATOR_NAMESPACE).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_mwms_submitted_trains_to_success_and_leaves_the_model_on_the_checkpoint_volume(installed, namespace, tmp_path):
+    """`kubetf submit` as a user runs it: validated, created, followed with progress lines to exit 0."""
+    cluster = installed
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(sample("mnist-mwms")))
+    start = time.monotonic()
+    submit = subprocess.Popen(
+        [sys.executable, "-m", "kubetf.cli", "submit", "-f", str(path), "-n", namespace, "--timeout", "900"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    cluster.wait_phase(namespace, "mnist-mwms", "Running", timeout=300)
+    to_running = elapsed(start)
+    output, _ = submit.communicate(timeout=960)
+    print(f"\nmnist-mwms: apply -> Running {to_running}, -> Succeeded {elapsed(start)}\n{output}")
+    assert submit.returncode == 0, output
+    assert "epoch 5/5" in output
+    status = cluster.status(namespace, "mnist-mwms")
+    assert status["phase"] == "Succeeded"
+    assert status["restarts"]["total"] == 0
+    records = progress(cluster, namespace, "mnist-mwms-worker-0")
+    epochs = [r["epoch"] for r in records if r["kubetf"] == "progress"]
+    assert epochs and epochs[-1] == 5, records
+    losses = [r["loss"] for r in records if r["kubetf"] == "progress"]
+    assert losses[-1] < losses[0]
+    done = [r for r in records if r["kubetf"] == "done"]
+    assert done, records
+    # The chief's (worker 0's) final model is on the PVC, readable by the next pod that mounts it.
+    phase, listing = reader_pod(
+        cluster, namespace, "mnist-mwms-checkpoint", ["sh", "-c", "ls -R /checkpoints/model | head -50"]
+    )
+    assert phase == "Succeeded", listing
+    assert "saved_model.pb" in listing or ".keras" in listing or "variables" in listing, listing
+    # Nothing of the job keeps running.
+    running = [p for p in cluster.pods(namespace, "mnist-mwms").values() if p["status"]["phase"] == "Running"]
+    assert running == []
+
+
+def test_eviction_restarts_the_group_which_resumes_from_the_last_checkpoint(installed, namespace):
+    cluster = installed
+    job = sample("mnist-mwms")
+    container = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    container["command"] = [a if a not in ("5", "20") else {"5": "8", "20": "30"}[a] for a in container["command"]]
+    create(cluster, namespace, job)
+    wait_progress(
+        cluster,
+        namespace,
+        "mnist-mwms-worker-0",
+        lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= 2 for r in rs),
+        "two epochs done (a checkpoint to resume from)",
+        timeout=600,
+    )
+    victim = cluster.pods(namespace, "mnist-mwms")["mnist-mwms-worker-1"]
+    evicted_at = time.monotonic()
+    cluster.core.create_namespaced_pod_eviction(
+        "mnist-mwms-worker-1",
+        namespace,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": "mnist-mwms-worker-1", "namespace": namespace},
+        },
+    )
+
+    def replacements_running():
+        pods = cluster.live_pods(namespace, "mnist-mwms")
+        return len(pods) == 2 and all(
+            p["metadata"]["labels"][api.LABEL_ATTEMPT] == "1" and p["status"].get("phase") == "Running"
+            for p in pods.values()
+        )
+
+    wait_for(replacements_running, 300, "the replacement group running", interval=0.2)
+    print(f"\neviction -> all replacement pods Running: {elapsed(evicted_at)}")
+    assert cluster.pods(namespace, "mnist-mwms")["mnist-mwms-worker-1"]["metadata"]["uid"] != victim["metadata"]["uid"]
+    status = cluster.wait_phase(namespace, "mnist-mwms", "Succeeded", timeout=900)
+    assert status["restarts"]["disruptions"] == 1
+    assert status["restarts"]["failures"] == 0
+    records = progress(cluster, namespace, "mnist-mwms-worker-0")
+    (start,) = [r for r in records if r["kubetf"] == "start"]
+    assert start["initial_epoch"] >= 2, records  # resumed from the checkpoint, not from scratch
+    epochs = [r["epoch"] for r in records if r["kubetf"] == "progress"]
+    assert epochs == sorted(set(epochs)) and epochs[0] > start["initial_epoch"] - 1 and epochs[-1] == 8, records
+
+
+def test_parameter_server_job_with_evaluator_succeeds_and_a_deleted_worker_is_recreated_alone(installed, namespace):
+    cluster = installed
+    job = sample("ps-training")
+    create(cluster, namespace, job)
+    wait_progress(
+        cluster,
+        namespace,
+        "ps-training-chief-0",
+        lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= 1 for r in rs),
+        "a first epoch",
+    )
+    before = {n: p["metadata"]["uid"] for n, p in cluster.live_pods(namespace, "ps-training").items()}
+    cluster.delete_pod(cluster.pods(namespace, "ps-training")["ps-training-worker-1"])
+    evals = []
+
+    def succeeded():
+        evals.extend(
+            r
+            for r in progress(cluster, namespace, "ps-training-evaluator-0")
+            if r["kubetf"] == "eval" and r not in evals
+        )
+        return cluster.status(namespace, "ps-training").get("phase") == "Succeeded"
+
+    wait_for(succeeded, 900, "ps-training to succeed", interval=1.0)
+    status = cluster.status(namespace, "ps-training")
+    assert status["restarts"]["disruptions"] == 1
+    assert status["tasks"]["worker-1"]["attempt"] == 1
+    assert all(status["tasks"][t]["attempt"] == 0 for t in ("chief-0", "worker-0", "ps-0", "evaluator-0"))
+    assert "ps-training-worker-1" in before
+    assert evals, "the evaluator reported no checkpoint"
+    # ps and workers never exit by themselves: cleanPodPolicy Running stopped them.
+    wait_for(
+        lambda: all(p["status"]["phase"] != "Running" for p in cluster.live_pods(namespace, "ps-training").values()),
+        60,
+        "ps/worker pods stopped",
+    )
+
+
+def test_a_job_asking_for_more_gpus_than_the_node_has_stays_pending_and_says_why(installed, namespace):
+    cluster = installed
+    job = sample("mirrored")
+    job["spec"]["replicaSpecs"]["chief"]["gpus"] = 64
+    create(cluster, namespace, job)
+    status = wait_for(
+        lambda: (s := cluster.status(namespace, "mirrored")).get("reason") == "Unschedulable" and s,
+        60,
+        "the Unschedulable reason",
+    )
+    assert status["phase"] == "Pending"
+    message = next(c["message"] for c in status["conditions"] if c["status"] == "True")
+    assert "nvidia.com/gpu" in message
+    events = cluster.events(namespace, "mirrored")
+    assert any(e["type"] == "Warning" and e["reason"] == "Unschedulable" for e in events)
+
+
+def test_a_missing_image_says_image_pull_backoff_then_fails_after_the_startup_timeout(installed, namespace):
+    cluster = installed
+    job = sample("mirrored")
+    job["spec"]["replicaSpecs"]["chief"].pop("gpus")
+    job["spec"]["replicaSpecs"]["chief"]["template"]["spec"]["containers"][0]["image"] = "kubetf/missing:0.0.1"
+    job["spec"]["runPolicy"] = {"startupTimeoutSeconds": 40}
+    create(cluster, namespace, job)
+    reasons = set()
+
+    def failed():
+        status = cluster.status(namespace, "mirrored")
+        reasons.add(status.get("reason"))
+        return status.get("phase") == "Failed" and status
+
+    status = wait_for(failed, 120, "StartupTimeout", interval=0.5)
+    assert reasons & {"ImagePullBackOff", "ErrImagePull"}, reasons
+    assert status["reason"] == "StartupTimeout"
+    message = next(c["message"] for c in status["conditions"] if c["status"] == "True")
+    assert "Image" in message or "image" in message
