@@ -1,0 +1,96 @@
+{{/* Chart name, truncated to fit a DNS label with the suffixes added below. */}}
+{{- define "kubetf.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release full name: the release name when it already contains the chart name, else release-chart. */}}
+{{- define "kubetf.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the operator's Deployment, (Cluster)Role and bindings. */}}
+{{- define "kubetf.operatorName" -}}
+{{- printf "%s-operator" (include "kubetf.fullname" .) }}
+{{- end }}
+
+{{- define "kubetf.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kubetf.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubetf.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "kubetf.labels" -}}
+helm.sh/chart: {{ include "kubetf.chart" . }}
+{{ include "kubetf.selectorLabels" . }}
+app.kubernetes.io/part-of: kubetf
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "kubetf.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kubetf.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kubetf.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+The rules the operator needs on the objects it manages, in every namespace it watches. Nothing else: no
+secrets, no configmaps, no pods/exec or pods/log, no wildcards (a unit test keeps it so).
+*/}}
+{{- define "kubetf.operatorRules" -}}
+# TrainingJobs: watched by kopf; read before each reconcile; deleted after ttlSecondsAfterFinished.
+- apiGroups: [kubetf.io]
+  resources: [trainingjobs]
+  verbs: [get, list, watch, patch, delete]
+- apiGroups: [kubetf.io]
+  resources: [trainingjobs/status]
+  verbs: [get, patch, update]
+# Children carry ownerReferences with blockOwnerDeletion, which needs update on the owner's finalizers.
+- apiGroups: [kubetf.io]
+  resources: [trainingjobs/finalizers]
+  verbs: [update]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [services, persistentvolumeclaims]
+  verbs: [get, list, create]
+# Events on TrainingJobs, from the operator and from kopf.
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+
+{{/*
+What kopf needs cluster-wide for itself: it watches CustomResourceDefinitions to notice the TrainingJob CRD
+(re)appearing, and with explicit namespaces it watches Namespace objects to notice them being created.
+*/}}
+{{- define "kubetf.kopfRules" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
+{{- end }}

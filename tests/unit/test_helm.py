@@ -1,0 +1,392 @@
+"""The helm chart (helm/kubetf) and the plain-kubectl install path rendered from it (manifests/rbac, operator).
+
+Tests that render the chart need the `helm` binary: $HELM, else `helm` on PATH, else the one tests/cluster
+installs under ~/.cache/kubetf/. Without it they fail (they do not skip): the chart is part of the product.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "kubetf"
+SOURCE_CRD = REPO / "operator" / "kubetf" / "crd" / "trainingjobs.kubetf.io.yaml"
+MANIFESTS = REPO / "manifests"
+RELEASE, NAMESPACE = "kubetf", "kubetf-system"
+
+Obj = dict[str, Any]
+
+# Least privilege: exactly these (apiGroup, resource, verb) in every namespace the operator serves.
+OPERATOR_PERMISSIONS = {
+    *(("kubetf.io", "trainingjobs", verb) for verb in ("get", "list", "watch", "patch", "delete")),
+    *(("kubetf.io", "trainingjobs/status", verb) for verb in ("get", "patch", "update")),
+    ("kubetf.io", "trainingjobs/finalizers", "update"),
+    *(("", "pods", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    *(("", "services", verb) for verb in ("get", "list", "create")),
+    *(("", "persistentvolumeclaims", verb) for verb in ("get", "list", "create")),
+    *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),
+}
+# kopf's own, cluster-wide: it watches CRDs, and with explicit namespaces also Namespace objects.
+KOPF_CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
+KOPF_NAMESPACES = {("", "namespaces", verb) for verb in ("list", "watch")}
+
+FORBIDDEN_RESOURCES = {"secrets", "pods/exec", "pods/attach", "pods/portforward", "pods/proxy", "nodes/proxy"}
+FORBIDDEN_VERBS = {"escalate", "bind", "impersonate", "deletecollection"}
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def find_helm() -> str | None:
+    if os.environ.get("HELM"):
+        return os.environ["HELM"]
+    on_path = shutil.which("helm")
+    if on_path:
+        return on_path
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kubetf"
+    for pattern in ("*/helm", "*/bin/helm"):
+        for candidate in sorted(glob.glob(str(cache / pattern))):
+            if os.access(candidate, os.X_OK):
+                return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    found = find_helm()
+    if found is None:
+        pytest.fail(
+            "helm not found (needed to test the chart): set HELM=/path/to/helm, put helm on PATH, "
+            "or install it with tests/cluster/local-cluster.sh (it goes under ~/.cache/kubetf/)"
+        )
+    return found
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def template(helm: str, *args: str) -> list[Obj]:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def load_dir(directory: Path) -> list[Obj]:
+    objects: list[Obj] = []
+    for path in sorted(directory.glob("*.yaml")):
+        objects.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+    return objects
+
+
+def installed_by_kubectl() -> list[Obj]:
+    return load_dir(MANIFESTS / "rbac") + load_dir(MANIFESTS / "operator")
+
+
+def key(obj: Obj) -> tuple[str, str, str]:
+    return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def by_kind(objects: Iterable[Obj], kind: str) -> list[Obj]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+def one(objects: Iterable[Obj], kind: str) -> Obj:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, got {[key(o) for o in found]}"
+    return found[0]
+
+
+def permissions(role: Obj) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role.get("rules") or []
+        for group in rule.get("apiGroups") or []
+        for resource in rule.get("resources") or []
+        for verb in rule.get("verbs") or []
+    }
+
+
+def schema() -> Obj:
+    loaded: Obj = json.loads((CHART / "values.schema.json").read_text())
+    return loaded
+
+
+def default_values() -> Obj:
+    loaded: Obj = yaml.safe_load((CHART / "values.yaml").read_text())
+    return loaded
+
+
+# ---------------------------------------------------------------------- chart files
+
+
+def test_chart_crd_is_identical_to_the_source_crd() -> None:
+    chart_crd = CHART / "crds" / SOURCE_CRD.name
+    assert chart_crd.read_bytes() == SOURCE_CRD.read_bytes(), (
+        f"{chart_crd.relative_to(REPO)} differs from {SOURCE_CRD.relative_to(REPO)}: run `make manifests`"
+    )
+    assert [p.name for p in (CHART / "crds").iterdir()] == [SOURCE_CRD.name]
+
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == "kubetf"
+    assert chart["version"] == "0.1.0"
+    assert chart["appVersion"] == "0.1.0"
+
+
+def test_default_values_satisfy_the_schema() -> None:
+    jsonschema.Draft7Validator.check_schema(schema())
+    jsonschema.Draft7Validator(schema()).validate(default_values())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"bogus": 1},
+        {"image": {"repository": "kubetf/operator", "pullPolicy": "IfNotPresent", "bogus": 1}},
+        {"metrics": {"enabled": True, "port": 9090, "servce": {}}},
+        {"image": {"repository": "kubetf/operator", "pullPolicy": "IfNotPresent", "tag": "latest"}},
+        {"watchNamespaces": ["Team_A"]},
+        {"logFormat": "xml"},
+        {"resources": {"limits": {"memory": "lots"}}},
+    ],
+)
+def test_schema_rejects_bad_values(change: Obj) -> None:
+    values = {**default_values(), **change}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema()).validate(values)
+
+
+def test_helm_lint_passes(helm: str) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+    namespaced = run_helm(helm, "lint", "--strict", str(CHART), "--set", "watchNamespaces={team-a,team-b}")
+    assert namespaced.returncode == 0, namespaced.stdout + namespaced.stderr
+
+
+def test_helm_rejects_an_unknown_value(helm: str) -> None:
+    result = run_helm(helm, "lint", str(CHART), "--set", "image.bogus=1")
+    assert result.returncode != 0
+    assert "bogus" in result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------- plain-kubectl install path
+
+
+def test_manifests_equal_the_default_render(helm: str) -> None:
+    rendered = sorted(template(helm), key=key)
+    committed = sorted((o for o in installed_by_kubectl() if o["kind"] != "Namespace"), key=key)
+    assert [key(o) for o in committed] == [key(o) for o in rendered], "run helm/render-manifests.sh"
+    for mine, theirs in zip(committed, rendered, strict=True):
+        assert mine == theirs, f"{key(mine)} differs from the chart's default render: run helm/render-manifests.sh"
+
+
+def test_manifests_namespace_enforces_restricted() -> None:
+    namespace = one(load_dir(MANIFESTS / "operator"), "Namespace")
+    assert namespace["metadata"]["name"] == NAMESPACE
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    # kubectl applies a directory in file name order: the namespace comes first.
+    first = sorted((MANIFESTS / "operator").glob("*.yaml"))[0]
+    assert [d["kind"] for d in yaml.safe_load_all(first.read_text()) if d] == ["Namespace"]
+    namespaced = [
+        o for o in installed_by_kubectl() if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding")
+    ]
+    assert namespaced and all(o["metadata"]["namespace"] == NAMESPACE for o in namespaced)
+
+
+# ---------------------------------------------------------------------- RBAC
+
+
+def assert_least_privilege(roles: Iterable[Obj]) -> None:
+    for role in roles:
+        for rule in role.get("rules") or []:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in (rule.get(field) or []), f"{key(role)}: wildcard in {field}: {rule}"
+            assert not rule.get("nonResourceURLs"), f"{key(role)}: nonResourceURLs: {rule}"
+            assert not rule.get("resourceNames") or rule["resources"], rule
+        granted = permissions(role)
+        assert not {p for p in granted if p[1] in FORBIDDEN_RESOURCES}, f"{key(role)}: {granted}"
+        assert not {p for p in granted if p[2] in FORBIDDEN_VERBS}, f"{key(role)}: {granted}"
+
+
+def test_clusterwide_rbac_is_exactly_what_the_operator_uses() -> None:
+    objects = installed_by_kubectl()
+    role = one(objects, "ClusterRole")
+    assert permissions(role) == OPERATOR_PERMISSIONS | KOPF_CRDS
+    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+    assert_least_privilege([role])
+    binding = one(objects, "ClusterRoleBinding")
+    account = one(objects, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_namespaced_watching_gets_roles_and_flags(helm: str) -> None:
+    objects = template(helm, "--set", "watchNamespaces={team-a,team-b}")
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert permissions(role) == OPERATOR_PERMISSIONS
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"][0]["namespace"] == NAMESPACE
+    # Cluster-wide only what kopf needs for itself: nothing on TrainingJobs or pods.
+    cluster_role = one(objects, "ClusterRole")
+    assert permissions(cluster_role) == KOPF_CRDS | KOPF_NAMESPACES
+    assert_least_privilege([*roles, cluster_role])
+    args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    pairs = [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"]
+    assert pairs == ["team-a", "team-b"]
+
+
+def test_rbac_can_be_left_out(helm: str) -> None:
+    objects = template(helm, "--set", "rbac.create=false", "--set", "serviceAccount.create=false")
+    assert {o["kind"] for o in objects} == {"Deployment"}
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "default"
+
+
+# ---------------------------------------------------------------------- the operator's Deployment
+
+
+def restricted_violations(pod: Obj) -> list[str]:
+    """The checks of the Pod Security Standard `restricted` (v1.30+ profile) that a pod spec can fail."""
+    problems = []
+    pod_context = pod.get("securityContext") or {}
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(flag):
+            problems.append(f"{flag} is set")
+    allowed_volumes = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for volume in pod.get("volumes") or []:
+        kinds = set(volume) - {"name"}
+        if not kinds <= allowed_volumes:
+            problems.append(f"volume {volume['name']}: {kinds - allowed_volumes}")
+    for sysctl in pod_context.get("sysctls") or []:
+        problems.append(f"sysctl {sysctl}")
+    containers = [*(pod.get("initContainers") or []), *pod["containers"], *(pod.get("ephemeralContainers") or [])]
+    for container in containers:
+        name = container["name"]
+        ctx = container.get("securityContext") or {}
+        if ctx.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = ctx.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            problems.append(f"{name}: capabilities must drop ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: adds capabilities {caps['add']}")
+        if ctx.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is not True:
+            problems.append(f"{name}: runAsNonRoot must be true")
+        if ctx.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            problems.append(f"{name}: runAsUser 0")
+        seccomp = (ctx.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile must be RuntimeDefault or Localhost, not {seccomp}")
+        if ctx.get("procMount") not in (None, "Default"):
+            problems.append(f"{name}: procMount")
+        for port in container.get("ports") or []:
+            if port.get("hostPort"):
+                problems.append(f"{name}: hostPort {port['hostPort']}")
+    return problems
+
+
+def test_restricted_check_catches_a_root_pod() -> None:
+    pod = {"containers": [{"name": "c", "securityContext": {"privileged": True}}], "hostNetwork": True}
+    assert len(restricted_violations(pod)) >= 5
+
+
+def test_operator_pod_passes_the_restricted_pod_security_standard() -> None:
+    pod = one(installed_by_kubectl(), "Deployment")["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["securityContext"]["runAsUser"] == 1000
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["runAsUser"] == 1000
+
+
+def test_operator_deployment() -> None:
+    deployment = one(installed_by_kubectl(), "Deployment")
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "kubetf/operator:0.1.0"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert container["args"] == [
+        "operator",
+        "--log-format",
+        "json",
+        "--liveness-port",
+        "8080",
+        "--metrics-port",
+        "9090",
+    ]
+    probe = container["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert probe["path"] == "/healthz" and ports[probe["port"]] == 8080
+    assert ports["metrics"] == 9090
+    assert container["resources"]["limits"]["memory"] == "320Mi"
+    assert container["resources"]["requests"]["memory"]
+    # The operator's pod must not look like one of the operator's children.
+    assert pod["metadata"]["labels"].get("app.kubernetes.io/managed-by") != "kubetf"
+    assert "kubetf.io/job-name" not in pod["metadata"]["labels"]
+
+
+def test_image_tag_defaults_to_app_version_and_can_be_set(helm: str) -> None:
+    (default,) = by_kind(template(helm), "Deployment")
+    assert default["spec"]["template"]["spec"]["containers"][0]["image"] == "kubetf/operator:0.1.0"
+    (custom,) = by_kind(template(helm, "--set", "image.tag=0.2.0-dev", "--set", "image.repository=r/op"), "Deployment")
+    assert custom["spec"]["template"]["spec"]["containers"][0]["image"] == "r/op:0.2.0-dev"
+
+
+def test_metrics_service_is_opt_in(helm: str) -> None:
+    assert not by_kind(template(helm), "Service")
+    objects = template(helm, "--set", "metrics.enabled=true")
+    service = one(objects, "Service")
+    deployment = one(objects, "Deployment")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+
+
+def test_notes_tell_how_to_submit_the_sample(helm: str) -> None:
+    result = run_helm(helm, "install", "--dry-run=client", RELEASE, str(CHART), "--namespace", NAMESPACE)
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "manifests/samples/mnist-mwms.yaml" in notes
+    assert "kubectl get tj" in notes
+    assert (REPO / "manifests" / "samples" / "mnist-mwms.yaml").exists()
