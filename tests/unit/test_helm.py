@@ -390,3 +390,21 @@ def test_notes_tell_how_to_submit_the_sample(helm: str) -> None:
     assert "manifests/samples/mnist-mwms.yaml" in notes
     assert "kubectl get tj" in notes
     assert (REPO / "manifests" / "samples" / "mnist-mwms.yaml").exists()
+
+
+# ---------------------------------------------------------------------- the operator image
+
+
+def test_operator_dockerfile_matches_the_chart() -> None:
+    dockerfile = (REPO / "operator" / "Dockerfile").read_text()
+    lines = [line.strip() for line in dockerfile.splitlines() if line.strip() and not line.startswith("#")]
+    assert lines[0].startswith("ARG BASE_IMAGE=")
+    assert "trainer" not in dockerfile.replace("no trainer extra", ""), "the operator image must not get TensorFlow"
+    (user,) = [line.split()[1] for line in lines if line.startswith("USER ")]
+    pod = one(installed_by_kubectl(), "Deployment")["spec"]["template"]["spec"]
+    assert user == f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
+    (entrypoint,) = [line for line in lines if line.startswith("ENTRYPOINT ")]
+    assert json.loads(entrypoint.removeprefix("ENTRYPOINT "))[-1] == "kubetf"  # the chart passes only args
+    assert json.loads(next(line for line in lines if line.startswith("CMD ")).removeprefix("CMD ")) == ["operator"]
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".git", ".venv"} <= set(ignored)
