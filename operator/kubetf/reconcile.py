@@ -56,7 +56,12 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
         status["phase"] = new_phase
         status["reason"] = reason
         st.set_condition(status, new_phase, reason, message, now, generation)
-        if not before or (before["type"], before.get("reason"), before.get("message")) != (new_phase, reason, message):
+        # An event per change of phase or reason; a warning also when its message changes (a new pod is stuck).
+        if (
+            not before
+            or (before["type"], before.get("reason")) != (new_phase, reason)
+            or (event_type == "Warning" and before.get("message") != message)
+        ):
             result.events.append(Event(event_type, reason, message))
 
     if phase in st.FINISHED:

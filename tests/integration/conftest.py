@@ -171,7 +171,7 @@ class Cluster:
             if (pod.get("status") or {}).get("phase") in (None, "Pending"):
                 self.run(pod)
 
-    def exit(self, pod: dict, code: int, reason: str | None = None) -> None:
+    def exit(self, pod: dict, code: int, reason: str | None = None, conditions: tuple[dict, ...] = ()) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         terminated = {
             "exitCode": code,
@@ -183,7 +183,7 @@ class Cluster:
             pod,
             {
                 "phase": "Succeeded" if code == 0 else "Failed",
-                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}, *conditions],
                 "containerStatuses": self._container_status(pod, {"terminated": terminated}, False),
             },
         )

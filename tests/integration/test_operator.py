@@ -92,21 +92,14 @@ def test_mwms_eviction_restarts_the_group_as_a_disruption(cluster, namespace):
     running(cluster, namespace, "mw", mwms_spec(backoffLimit=0), 3)
     before = uids(cluster.pods(namespace, "mw"))
     evicted = cluster.pods(namespace, "mw")["mw-worker-1"]
-    # What the eviction API and the kubelet leave on a pod: the DisruptionTarget condition, then a failure.
-    cluster.set_status(
-        evicted,
-        {
-            "conditions": [
-                {
-                    "type": "DisruptionTarget",
-                    "status": "True",
-                    "reason": "EvictionByEvictionAPI",
-                    "message": "Eviction API",
-                }
-            ]
-        },
-    )
-    cluster.exit(cluster.pods(namespace, "mw")["mw-worker-1"], 143)
+    # What the eviction API and the kubelet leave on a pod: the DisruptionTarget condition and a SIGTERM exit.
+    disruption = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting",
+    }
+    cluster.exit(evicted, 143, conditions=(disruption,))
     pods = cluster.wait_pods(
         namespace, "mw", lambda p: len(p) == 3 and set(attempts(p).values()) == {"1"}, "the group at attempt 1"
     )
@@ -245,15 +238,15 @@ def test_the_crd_rejects_bad_jobs_before_the_operator_sees_them(cluster, namespa
     with pytest.raises(ApiException) as error:
         cluster.create_job(namespace, "two-chiefs", spec)
     assert error.value.status == 422
-    assert "at most one chief" in error.value.body
+    assert "at most one chief" in error.value.body.decode()
     spec = mwms_spec()
     spec["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0].pop("image")
     with pytest.raises(ApiException) as error:
         cluster.create_job(namespace, "no-image", spec)
-    assert "image" in error.value.body
+    assert "image" in error.value.body.decode()
     with pytest.raises(ApiException) as error:
         cluster.create_job(namespace, "n" * 60, mwms_spec())
-    assert "too long" in error.value.body
+    assert "too long" in error.value.body.decode()
 
 
 def test_a_job_the_operator_cannot_run_fails_with_a_reason_and_no_pods(cluster, namespace):
