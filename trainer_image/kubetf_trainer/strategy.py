@@ -29,11 +29,22 @@ def run_server(info: TaskInfo | None = None) -> NoReturn:
     info = info or task_info()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    # The tutorial's worker_config: with fewer inter-op threads than workers + 1 the servers deadlock
+    # (seen: TF_NUM_INTEROP_THREADS=1, which a CPU limit of 1 gives, hangs the first training step).
+    config = tf.compat.v1.ConfigProto()
+    wanted = len(resolver.cluster_spec().as_dict().get("worker", [])) + 1
+    configured = int(os.environ.get("TF_NUM_INTEROP_THREADS") or 0)
+    if configured and configured < wanted:
+        os.environ["TF_NUM_INTEROP_THREADS"] = str(wanted)
+    config.inter_op_parallelism_threads = max(configured, wanted)
+    if os.environ.get("TF_NUM_INTRAOP_THREADS"):
+        config.intra_op_parallelism_threads = int(os.environ["TF_NUM_INTRAOP_THREADS"])
     server = tf.distribute.Server(
         resolver.cluster_spec(),
         job_name=resolver.task_type,
         task_index=resolver.task_id,
         protocol=resolver.rpc_layer or "grpc",
+        config=config,
         start=True,
     )
     log.info("kubetf_trainer: %s %d serving %s", info.role, info.index, server.target)
@@ -79,8 +90,7 @@ def make_strategy(
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         return tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=variable_partitioner)
     if kind == "Mirrored":
-        gpus = tf.config.list_logical_devices("GPU")
-        if gpus:
+        if tf.config.list_physical_devices("GPU"):
             return tf.distribute.MirroredStrategy()
         if cpu_replicas > 1:
             cpu = tf.config.list_physical_devices("CPU")[0]
