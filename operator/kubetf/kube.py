@@ -77,19 +77,22 @@ class Kube:
             raise
         return json.loads(response.data) if response.data else None
 
-    # ------------------------------------------------------------------ TrainingJobs
-
-    def get_job(self, namespace: str, name: str) -> Obj | None:
+    def _get(self, resource: str, fn: Any, *args: Any) -> Obj | None:
+        """Read one object; None when it does not exist."""
         try:
-            job: Obj = self._call(
-                "get", api.PLURAL, self.custom.get_namespaced_custom_object,
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-            )  # fmt: skip
+            found: Obj = self._call("get", resource, fn, *args)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return job
+        return found
+
+    # ------------------------------------------------------------------ TrainingJobs
+
+    def get_job(self, namespace: str, name: str) -> Obj | None:
+        return self._get(
+            api.PLURAL, self.custom.get_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL, name
+        )
 
     def patch_job_status(self, job: Obj, patch: Obj) -> Obj | None:
         """Merge-patch the status subresource; None when the job is gone."""
@@ -120,26 +123,6 @@ class Kube:
                 return False
             raise
         return True
-
-    def patch_job_spec(self, namespace: str, name: str, spec_patch: Obj) -> Obj:
-        patched: Obj = self._call(
-            "patch", api.PLURAL, self.custom.patch_namespaced_custom_object,
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"spec": spec_patch},
-        )  # fmt: skip
-        return patched
-
-    def list_jobs(self, namespace: str | None = None) -> list[Obj]:
-        if namespace:
-            result = self._call(
-                "list", api.PLURAL, self.custom.list_namespaced_custom_object,
-                api.GROUP, api.VERSION, namespace, api.PLURAL,
-            )  # fmt: skip
-        else:
-            result = self._call(
-                "list", api.PLURAL, self.custom.list_cluster_custom_object, api.GROUP, api.VERSION, api.PLURAL
-            )
-        items: list[Obj] = result["items"]
-        return items
 
     def create_job(self, job: Obj) -> Obj:
         namespace = job["metadata"].get("namespace") or "default"
@@ -192,13 +175,7 @@ class Kube:
                 raise
 
     def get_pod(self, namespace: str, name: str) -> Obj | None:
-        try:
-            pod: Obj = self._call("get", "pods", self.core.read_namespaced_pod, name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return pod
+        return self._get("pods", self.core.read_namespaced_pod, name, namespace)
 
     def pod_log(self, namespace: str, name: str, follow: bool = False, container: str | None = None) -> Any:
         """The pod's log as a stream of bytes lines (follow: until the container ends)."""
@@ -215,17 +192,6 @@ class Kube:
         )
         items: list[Obj] = result["items"]
         return items
-
-    def get_pvc(self, namespace: str, name: str) -> Obj | None:
-        try:
-            pvc: Obj = self._call(
-                "get", "persistentvolumeclaims", self.core.read_namespaced_persistent_volume_claim, name, namespace
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return pvc
 
     # ------------------------------------------------------------------ events
 
