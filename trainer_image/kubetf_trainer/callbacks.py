@@ -155,11 +155,13 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
         state = getattr(self, "_training_state", None)
         if state is not None and state.write_checkpoint_manager is not state.read_checkpoint_manager:
             shutil.rmtree(state.write_checkpoint_manager.directory, ignore_errors=True)
+        steps = int((self.params or {}).get("steps") or 0)
         emit(
             "preempted",
             self.info,
-            epoch=self._current_epoch,
-            step=self._batch,
+            epoch=self._current_epoch,  # epochs finished before the current one
+            epoch_step=self._batch + 1,  # steps of the current epoch in the saved backup
+            step=self._current_epoch * steps + self._batch + 1,
             backup_dir=self.backup_dir,
             exit_code=self.exit_code,
         )

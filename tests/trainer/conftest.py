@@ -1,0 +1,172 @@
+"""Trainer tier: real TensorFlow processes on localhost, TF_CONFIG from the project's own builders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
+
+from kubetf_trainer.progress import parse_line  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.trainer)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for processes that must use this checkout's kubetf and kubetf_trainer."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer_image")])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["TF_USE_LEGACY_KERAS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def make_job(
+    name: str,
+    strategy: str,
+    replicas: dict[str, int],
+    args: list[str],
+    *,
+    example: str,
+    run_policy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    container = {
+        "name": "tensorflow",
+        "image": "kubetf/trainer:0.1.0",
+        "command": ["python", f"/opt/kubetf/examples/{example}", *args],
+    }
+    return {
+        "apiVersion": "kubetf.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "strategy": strategy,
+            "replicaSpecs": {
+                role: {"replicas": n, "template": {"spec": {"containers": [dict(container)]}}}
+                for role, n in replicas.items()
+            },
+            "checkpoint": {"mountPath": "/nonexistent/kubetf-checkpoints", "size": "1Gi"},
+            "runPolicy": run_policy or {"backoffLimit": 2},
+        },
+    }
+
+
+class LocalRun:
+    """`python -m kubetf.local -f JOB --workdir W` with its output collected line by line."""
+
+    def __init__(self, job: dict[str, Any], workdir: Path, *extra_args: str):
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        job_file = workdir / "job.yaml"
+        job_file.write_text(yaml.safe_dump(job))
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kubetf.local", "-f", str(job_file), "--workdir", str(workdir / "run"),
+             "--grace-period", "5", *extra_args],
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[list[str]], Any], timeout: float, what: str = "") -> Any:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                result = predicate(self.lines)
+                if result:
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self.reader.is_alive()):
+                    tail = "\n".join(self.lines[-40:])
+                    raise AssertionError(f"timed out waiting for {what or predicate}; output tail:\n{tail}")
+                self.cond.wait(timeout=min(left, 1.0))
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tail = "\n".join(self.lines[-40:])
+            raise AssertionError(f"kubetf local did not finish in {timeout}s; output tail:\n{tail}") from None
+        self.reader.join(timeout=10)
+        return code
+
+    def records(self, kind: str | None = None, label: str | None = None,
+                lines: list[str] | None = None) -> list[dict[str, Any]]:
+        out = []
+        for line in self.lines if lines is None else lines:
+            if label and not line.startswith(f"{label} | "):
+                continue
+            record = parse_line(line)
+            if record and (kind is None or record.get("kubetf") == kind):
+                out.append(record)
+        return out
+
+    def pid(self, label: str, attempt: int = 0) -> int:
+        marker = f"started {label} attempt {attempt} pid "
+        for line in self.lines:
+            if marker in line:
+                return int(line.split(marker, 1)[1].split()[0])
+        raise AssertionError(f"{label} attempt {attempt} was not started")
+
+    def index_of(self, fragment: str) -> int:
+        for i, line in enumerate(self.lines):
+            if fragment in line:
+                return i
+        raise AssertionError(f"no line contains {fragment!r}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def local_run(tmp_path: Path) -> Iterator[Callable[..., LocalRun]]:
+    runs: list[LocalRun] = []
+
+    def start(job: dict[str, Any], *extra_args: str) -> LocalRun:
+        run = LocalRun(job, tmp_path / api_name(job), *extra_args)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+def api_name(job: dict[str, Any]) -> str:
+    return str(job["metadata"]["name"])

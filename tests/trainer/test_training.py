@@ -1,0 +1,113 @@
+"""Real TensorFlow jobs run by `kubetf local` (TF_CONFIG from kubetf.builders.task_env, restarts by
+kubetf.policy). Small on purpose: a few epochs of a few steps on scikit-learn's digits, 2 CPU cores."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from conftest import make_job
+
+MWMS_ARGS = ["--data", "digits", "--batch-size", "32", "--learning-rate", "0.05"]
+
+
+def _epochs(records: list[dict]) -> list[int]:
+    return [int(r["epoch"]) for r in records]
+
+
+@pytest.mark.timeout(300)
+def test_mwms_two_workers_train_and_loss_falls(local_run):
+    job = make_job("mwms", "MultiWorkerMirrored", {"worker": 2},
+                   [*MWMS_ARGS, "--epochs", "3", "--steps-per-epoch", "12"], example="mnist_mwms.py")
+    run = local_run(job)
+    assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
+
+    for label in ("worker-0", "worker-1"):
+        start = run.records("start", label)
+        assert [s["initial_epoch"] for s in start] == [0]
+        assert start[0]["num_workers"] == 2 and start[0]["strategy"] == "MultiWorkerMirrored"
+        assert _epochs(run.records("progress", label)) == [1, 2, 3]
+    progress = run.records("progress", "worker-0")
+    assert progress[-1]["loss"] < progress[0]["loss"]
+    # MWMS: both workers see the same all-reduced loss
+    assert [p["loss"] for p in run.records("progress", "worker-1")] == pytest.approx([p["loss"] for p in progress])
+    done = run.records("done")
+    assert len(done) == 1 and done[0]["role"] == "worker" and done[0]["index"] == 0
+    assert os.path.isfile(os.path.join(done[0]["model_path"], "saved_model.pb"))
+    assert "job succeeded (failures 0, disruptions 0)" in run.lines[-1]
+
+
+@pytest.mark.timeout(300)
+def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run):
+    job = make_job("ps", "ParameterServer", {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1},
+                   ["--data", "digits", "--epochs", "3", "--steps-per-epoch", "15"], example="ps_training.py")
+    run = local_run(job)
+    assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
+
+    progress = run.records("progress", "chief-0")
+    assert _epochs(progress) == [1, 2, 3]
+    assert progress[-1]["loss"] < progress[0]["loss"]
+    evals = run.records("eval", "evaluator-0")
+    assert [e["epoch"] for e in evals] == [1, 2, 3]
+    assert [e["checkpoint"] for e in evals] == ["ckpt-0001", "ckpt-0002", "ckpt-0003"]
+    assert all(e["loss"] is not None and "accuracy" in e["metrics"] for e in evals)
+    assert run.records("done", "chief-0")
+    # the evaluator stopped by itself after the last checkpoint; ps and workers were stopped by kubetf local
+    assert any("evaluator-0 succeeded" in line for line in run.lines)
+    assert not any(r["role"] in ("worker", "ps") for r in run.records())
+
+
+@pytest.mark.timeout(400)
+def test_killed_mwms_worker_restarts_the_group_and_resumes_from_the_backup(local_run):
+    epochs = 5
+    job = make_job("kill", "MultiWorkerMirrored", {"worker": 2},
+                   [*MWMS_ARGS, "--epochs", str(epochs), "--steps-per-epoch", "12"], example="mnist_mwms.py")
+    run = local_run(job)
+    run.wait_for(lambda lines: len(run.records("progress", "worker-0", lines)) >= 2, 200, "epoch 2 on worker-0")
+    os.kill(run.pid("worker-1"), signal.SIGKILL)
+    assert run.wait_exit(300) == 0, "\n".join(run.lines[-40:])
+
+    restart = run.index_of("started worker-0 attempt 1")
+    before, after = run.lines[:restart], run.lines[restart:]
+    done_before = max(_epochs(run.records("progress", "worker-0", before)))
+    assert any("worker-1 ended with signal 9" in line and "Disrupted" in line for line in before)
+    assert any("restarting worker-0, worker-1" in line for line in before)  # MWMS: the whole group
+    assert run.pid("worker-1", 1)
+
+    start = run.records("start", "worker-0", after)
+    assert len(start) == 1
+    initial = start[0]["initial_epoch"]
+    assert initial > 0 and initial >= done_before
+    # no epoch is run twice past the checkpoint, and the job finishes
+    assert _epochs(run.records("progress", "worker-0", after)) == list(range(initial + 1, epochs + 1))
+    assert run.records("done", "worker-0", after)
+    assert "disruptions 1" in run.lines[-1] and "failures 0" in run.lines[-1]
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_to_mwms_worker_saves_a_checkpoint_before_exit(local_run):
+    epochs, steps = 4, 12
+    job = make_job("sigterm", "MultiWorkerMirrored", {"worker": 2},
+                   [*MWMS_ARGS, "--epochs", str(epochs), "--steps-per-epoch", str(steps)], example="mnist_mwms.py")
+    run = local_run(job)
+    run.wait_for(lambda lines: len(run.records("progress", "worker-0", lines)) >= 1, 200, "epoch 1 on worker-0")
+    os.kill(run.pid("worker-1"), signal.SIGTERM)
+    assert run.wait_exit(300) == 0, "\n".join(run.lines[-40:])
+
+    restart = run.index_of("started worker-0 attempt 1")
+    before, after = run.lines[:restart], run.lines[restart:]
+    # every worker saved the backup at the same step, then exited 42 (a disruption)
+    preempted = {(r["role"], r["index"]): r for r in run.records("preempted", lines=before)}
+    assert set(preempted) == {("worker", 0), ("worker", 1)}
+    saved = preempted[("worker", 0)]
+    assert saved["exit_code"] == 42 and saved["step"] == preempted[("worker", 1)]["step"]
+    assert saved["step"] > steps  # past the first epoch: mid-training, not at a boundary backup
+    assert any("exit code 42" in line and "Disrupted" in line for line in before)
+    # the restarted group resumed from that checkpoint: same epoch, and only the rest of it
+    start = run.records("start", "worker-0", after)[0]
+    assert start["initial_epoch"] == saved["epoch"]
+    first = run.records("progress", "worker-0", after)[0]
+    assert first["epoch"] == saved["epoch"] + 1
+    assert _epochs(run.records("progress", "worker-0", after)) == list(range(saved["epoch"] + 1, epochs + 1))
+    assert "disruptions 1" in run.lines[-1] and "failures 0" in run.lines[-1]
