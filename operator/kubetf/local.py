@@ -414,6 +414,10 @@ class LocalJob:
                     r.proc.wait(timeout=max(0.0, end - time.monotonic()))
                 for t in r.threads:
                     t.join(timeout=5)
+                if r.proc.returncode is not None:
+                    r.stopping = True  # its exit is handled here, not by the event loop
+                    code = r.proc.returncode
+                    self.say(f"{r.label} succeeded" if code == 0 else f"{r.label} ended with exit code {code}")
         # Training tasks (e.g. the other MWMS workers) usually finish on their own a moment later.
         training = [r for r in self.replicas.values() if r.task[0] in ("chief", "worker") and r.running()]
         end = time.monotonic() + min(5.0, self.grace_seconds)

@@ -111,3 +111,36 @@ def test_sigterm_to_mwms_worker_saves_a_checkpoint_before_exit(local_run):
     assert first["epoch"] == saved["epoch"] + 1
     assert _epochs(run.records("progress", "worker-0", after)) == list(range(saved["epoch"] + 1, epochs + 1))
     assert "disruptions 1" in run.lines[-1] and "failures 0" in run.lines[-1]
+
+
+@pytest.mark.timeout(400)
+def test_ps_lost_worker_restarts_alone_lost_ps_restarts_with_the_chief(local_run):
+    epochs = 8
+    job = make_job("psfail", "ParameterServer", {"chief": 1, "worker": 2, "ps": 1},
+                   ["--data", "digits", "--epochs", str(epochs), "--steps-per-epoch", "60"], example="ps_training.py")
+    run = local_run(job)
+
+    def chief_epochs(lines: list[str]) -> int:
+        return len(run.records("progress", "chief-0", lines))
+
+    run.wait_for(lambda lines: chief_epochs(lines) >= 2, 200, "epoch 2 on the chief")
+    os.kill(run.pid("worker-1"), signal.SIGKILL)
+    run.wait_for(lambda lines: any("started worker-1 attempt 1" in line for line in lines), 60, "worker-1 restart")
+    after_worker = chief_epochs(run.lines)
+    run.wait_for(lambda lines: chief_epochs(lines) >= after_worker + 2, 200, "two more chief epochs")
+    os.kill(run.pid("ps-0"), signal.SIGKILL)
+    assert run.wait_exit(300) == 0, "\n".join(run.lines[-40:])
+
+    worker_restart = next(line for line in run.lines if "worker-1 ended with signal 9" in line)
+    assert worker_restart.endswith("restarting worker-1 (failures 0, disruptions 1)")  # the worker alone
+    ps_restart = next(line for line in run.lines if "ps-0 ended with signal 9" in line)
+    assert "restarting chief-0, ps-0 (failures 0, disruptions 2)" in ps_restart  # the ps and the chief
+    assert not any("started worker-0 attempt 1" in line for line in run.lines)
+
+    restart = run.index_of("started chief-0 attempt 1")
+    before, after = run.lines[:restart], run.lines[restart:]
+    done_before = max(_epochs(run.records("progress", "chief-0", before)))
+    start = run.records("start", "chief-0", after)[0]
+    assert start["initial_epoch"] > 0 and start["initial_epoch"] >= done_before
+    assert _epochs(run.records("progress", "chief-0", after)) == list(range(start["initial_epoch"] + 1, epochs + 1))
+    assert run.records("done", "chief-0", after)

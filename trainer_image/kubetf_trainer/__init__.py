@@ -15,6 +15,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from .env import TaskInfo, task_info
 from .progress import emit, parse_line
+from .signals import exit_on_sigterm
 
 __version__ = "0.1.0"
 
@@ -45,4 +46,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
-__all__ = ["TaskInfo", "__version__", "emit", "parse_line", "task_info", *_LAZY]
+__all__ = ["TaskInfo", "__version__", "emit", "exit_on_sigterm", "parse_line", "task_info", *_LAZY]

@@ -7,6 +7,7 @@ import os
 
 from . import data
 from .env import TaskInfo, task_info
+from .signals import exit_on_sigterm
 
 
 def add_arguments(
@@ -47,6 +48,7 @@ def task(args: argparse.Namespace) -> TaskInfo:
     """TaskInfo after applying ``--checkpoint-dir``."""
     if args.checkpoint_dir:
         os.environ["KUBETF_CHECKPOINT_DIR"] = args.checkpoint_dir
+    exit_on_sigterm()
     return task_info()
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
+import time
 from typing import Any, NoReturn
 
 from .env import TaskInfo, task_info
+from .signals import exit_on_sigterm
 
 log = logging.getLogger("kubetf_trainer")
 
@@ -48,8 +49,11 @@ def run_server(info: TaskInfo | None = None) -> NoReturn:
         start=True,
     )
     log.info("kubetf_trainer: %s %d serving %s", info.role, info.index, server.target)
-    server.join()
-    sys.exit(0)  # join() only returns if the server stops
+    exit_on_sigterm()
+    # The server runs on its own threads. Sleep in Python rather than in server.join(), so that the
+    # SIGTERM handler can run (a signal handler never runs while the main thread waits inside C++).
+    while True:
+        time.sleep(3600)
 
 
 def make_strategy(

@@ -1,0 +1,31 @@
+"""SIGTERM must end the program even when it runs as PID 1 (a pod `command` replaces the image's init,
+and PID 1 ignores signals that have no handler)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from typing import Any
+
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # 143: what a container killed by SIGTERM reports
+
+
+def _exit(signum: int, frame: Any) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signum)
+
+
+def exit_on_sigterm() -> bool:
+    """Exit with 143 on SIGTERM, unless something else (e.g. PreemptionCheckpointHandler) already
+    handles it. Only from the main thread; returns whether the handler was installed."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return False
+        signal.signal(signal.SIGTERM, _exit)
+        return True
+    except ValueError:  # not the main thread
+        return False
