@@ -3,7 +3,7 @@
 #
 #   local-cluster.sh up        bring the cluster up (installs, builds and caches what it needs; idempotent)
 #   local-cluster.sh down      stop every daemon it started, clean mounts, netns, cni0, iptables, state
-#                              (the node's image store is kept; `down --purge-images` removes it too)
+#                              (the node's image store and dockerd are kept: `down --purge-images --stop-docker`)
 #   local-cluster.sh status    what runs, exit 0 only when the cluster answers
 #   local-cluster.sh env       print `export KUBECONFIG=...` and `export PATH=...` (eval "$(... env)")
 #   local-cluster.sh images    build kubetf/pause:3.10 and kubetf/python-base:bookworm in docker
@@ -79,19 +79,24 @@ start_daemon() {  # start_daemon NAME CMD...   (detached, logs in $LOGS/NAME.log
   local name=$1; shift
   if running "$name"; then return 0; fi
   mkdir -p "$LOGS" "$RUN"
-  setsid nohup "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  setsid nohup "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$RUN/$name.pid"
 }
-stop_daemon() {
-  local name=$1 p i
-  p="$(pid_of "$name")" || return 0
-  if [[ -n $p ]] && kill -0 "$p" 2>/dev/null; then
-    kill -TERM "$p" 2>/dev/null || true
-    for i in $(seq 1 40); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
-    kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null || true
-    log "stopped $name (pid $p)"
-  fi
-  rm -f "$RUN/$name.pid"
+stop_daemon() {  # stop_daemon NAME...: SIGTERM all, wait up to 10s, then SIGKILL what is left
+  local name p i pids=()
+  for name in "$@"; do
+    p="$(pid_of "$name")" || continue
+    if [[ -n $p ]] && kill -0 "$p" 2>/dev/null; then kill -TERM "$p" 2>/dev/null || true; pids+=("$p"); fi
+  done
+  for i in $(seq 1 40); do
+    local alive=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 0.25
+  done
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for name in "$@"; do rm -f "$RUN/$name.pid"; done
+  ((${#pids[@]} == 0)) || log "stopped $* (pids ${pids[*]})"
 }
 DAEMONS=(hostpath-provisioner coredns kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd containerd)
 
@@ -153,7 +158,9 @@ start_docker() {
   docker_up && return 0
   log "starting dockerd"
   mkdir -p "$RUN" "$CACHE/logs"
-  setsid nohup dockerd >>"$CACHE/logs/dockerd.log" 2>&1 </dev/null &
+  local stale; stale="$(cat /var/run/docker.pid 2>/dev/null || true)"
+  if [[ -n $stale ]] && ! kill -0 "$stale" 2>/dev/null; then rm -f /var/run/docker.pid; fi
+  setsid nohup dockerd >>"$CACHE/logs/dockerd.log" 2>&1 </dev/null 9>&- &
   echo $! >"$RUN/dockerd.pid"
   wait_for 60 dockerd docker_up
 }
@@ -227,7 +234,7 @@ normalize() {  # docker short name -> containerd reference
 gen_cert() {  # gen_cert NAME CN ORG SANS
   local n=$1 cn=$2 o=$3 sans=$4 subj="/CN=$2"
   [[ -n $o ]] && subj="/O=$o/CN=$cn"
-  openssl genrsa -out "$PKI/$n.key" 2048 2>/dev/null
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/$n.key" 2>/dev/null
   openssl req -new -key "$PKI/$n.key" -subj "$subj" -out "$PKI/$n.csr" 2>/dev/null
   {
     echo "basicConstraints=CA:FALSE"
@@ -267,6 +274,16 @@ make_config() {
   openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
   openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=kubetf-local-ca" -days 3650 -out "$PKI/ca.crt" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+  # front proxy (aggregated API servers; also stops the requestheader CA noise in every component)
+  openssl genrsa -out "$PKI/front-proxy-ca.key" 2048 2>/dev/null
+  openssl req -x509 -new -key "$PKI/front-proxy-ca.key" -subj "/CN=kubetf-front-proxy-ca" -days 3650 \
+    -out "$PKI/front-proxy-ca.crt" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+  openssl ecparam -name prime256v1 -genkey -noout -out "$PKI/front-proxy-client.key" 2>/dev/null
+  openssl req -new -key "$PKI/front-proxy-client.key" -subj "/CN=front-proxy-client" 2>/dev/null \
+    | openssl x509 -req -CA "$PKI/front-proxy-ca.crt" -CAkey "$PKI/front-proxy-ca.key" -CAcreateserial -days 365 \
+      -extfile <(printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n') \
+      -out "$PKI/front-proxy-client.crt" 2>/dev/null
   gen_cert apiserver kube-apiserver "" "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:$NODE_NAME,IP:127.0.0.1,IP:$API_SERVICE_IP,IP:$NODE_IP,IP:$GATEWAY"
   gen_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters ""
   gen_cert admin kubernetes-admin system:masters ""
@@ -322,6 +339,7 @@ clusterCIDR: $CLUSTER_CIDR
 hostnameOverride: $NODE_NAME
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: [primary]
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 EOF
   local fwd=""
@@ -422,10 +440,12 @@ host_cleanup() {
   local ns
   for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do ip netns delete "$ns" 2>/dev/null || true; done
 }
-umount_under() {  # unmount everything mounted below $1, deepest first
-  local m
-  for m in $(awk -v p="$1/" 'index($2, p) == 1 {print $2}' /proc/self/mounts | sort -r); do
-    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+umount_under() {  # unmount everything mounted at or below $1, deepest first (the kubelet bind-mounts its root)
+  local m i
+  for i in 1 2 3; do
+    for m in $(awk -v d="$1" 'index($2, d "/") == 1 || $2 == d {print $2}' /proc/self/mounts | sort -r); do
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    done
   done
 }
 
@@ -472,6 +492,10 @@ start_apiserver() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" --endpoint-reconciler-type=lease \
+    --requestheader-client-ca-file="$PKI/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --profiling=false --v=1
   wait_for 120 kube-apiserver kc get --raw /readyz
 }
@@ -552,7 +576,8 @@ gpus_advertised() {
 advertise_gpus() {
   ((GPUS > 0)) || return 0
   kc patch node "$NODE_NAME" --subresource=status --type=json \
-    -p "[{\"op\":\"add\",\"path\":\"/status/capacity/nvidia.com~1gpu\",\"value\":\"$GPUS\"}]" >/dev/null
+    -p "[{\"op\":\"add\",\"path\":\"/status/capacity/nvidia.com~1gpu\",\"value\":\"$GPUS\"},
+         {\"op\":\"add\",\"path\":\"/status/allocatable/nvidia.com~1gpu\",\"value\":\"$GPUS\"}]" >/dev/null
   wait_for 60 "nvidia.com/gpu in the node's allocatable" gpus_advertised
 }
 
@@ -562,11 +587,14 @@ cluster_ok() {
   for d in "${DAEMONS[@]}"; do running "$d" || return 1; done
   kc get --raw /readyz >/dev/null 2>&1 && kc wait --for=condition=Ready "node/$NODE_NAME" --timeout=5s >/dev/null 2>&1
 }
+LOCK=/run/kubetf-cluster-up.lock
+lock() { exec 9>"$LOCK"; flock -w 3600 9 || die "another local-cluster.sh holds $LOCK"; }
 cmd_up() {
   [[ $EUID -eq 0 ]] || die "must run as root"
+  lock
   mkdir -p "$CACHE/logs"
   if cluster_ok; then log "cluster already up"; cmd_env; return 0; fi
-  if [[ -d "$STATE" || -d "$RUN" ]]; then log "cleaning an earlier, incomplete cluster"; cmd_down --keep-docker; fi
+  if [[ -d "$STATE" ]]; then log "cleaning an earlier, incomplete cluster"; LOCKED=1 cmd_down; fi
   NODE_IP="$(node_ip)"; [[ -n "$NODE_IP" ]] || die "cannot find this host's IP"
   stage packages install_packages
   stage binaries build_binaries
@@ -587,10 +615,12 @@ cmd_up() {
 }
 cmd_down() {
   local d
+  [[ "${LOCKED:-}" ]] || lock
   mkdir -p "$RUN"
-  stop_daemon hostpath-provisioner; stop_daemon coredns; stop_daemon kube-proxy; stop_daemon kubelet
+  stop_daemon hostpath-provisioner coredns kube-proxy kubelet kube-scheduler kube-controller-manager
   if running containerd; then purge_containers; fi
-  for d in kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do stop_daemon "$d"; done
+  stop_daemon kube-apiserver containerd
+  stop_daemon etcd
   kill_orphan_shims
   umount_under "$STATE/kubelet"
   umount_under "$RUN/containerd"
@@ -598,8 +628,14 @@ cmd_down() {
   host_cleanup
   rm -rf --one-file-system "$STATE"
   if [[ " $* " == *" --purge-images "* ]]; then umount_under "$IMAGE_STORE"; rm -rf --one-file-system "$IMAGE_STORE"; fi
-  if [[ " $* " != *" --keep-docker "* && -f "$RUN/dockerd.pid" ]]; then
-    stop_daemon dockerd
+  # dockerd is shared by everyone building images here: stopped only on request, and gently
+  if [[ " $* " == *" --stop-docker "* && -f "$RUN/dockerd.pid" ]]; then
+    local p; p="$(pid_of dockerd)"
+    if [[ -n $p ]] && kill -0 "$p" 2>/dev/null; then
+      kill -TERM "$p"; for _ in $(seq 1 120); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+      log "stopped dockerd (pid $p)"
+    fi
+    rm -f "$RUN/dockerd.pid"
   fi
   find "$RUN" -mindepth 1 -maxdepth 1 ! -name dockerd.pid -exec rm -rf --one-file-system {} + 2>/dev/null || true
   log "down"
