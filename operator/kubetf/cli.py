@@ -112,6 +112,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from kubetf import handlers
 
     kube.load_config(args.kubeconfig)
+    handlers.QPS, handlers.BURST, handlers.VERBOSE = args.qps, args.burst, args.verbose
     kopf.configure(
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN, verbose=args.verbose
     )
@@ -251,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz here (0: off)")
     operator.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here (0: off)")
     operator.add_argument("--log-format", choices=["json", "plain"], default="json")
+    operator.add_argument("--qps", type=float, default=100, help="client-side API rate limit, requests/s")
+    operator.add_argument("--burst", type=int, default=200, help="requests allowed above --qps in a burst")
     operator.add_argument("-v", "--verbose", action="store_true")
     operator.set_defaults(handler=cmd_operator)
     return parser

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from kubetf import api, metrics, reconcile
+from kubetf import api, metrics, policy, reconcile
 from kubetf import status as st
 from kubetf.kube import Kube
 from kubetf.reconcile import Plan
@@ -26,8 +27,10 @@ log = logging.getLogger("kubetf.operator")
 
 Key = tuple[str, str]  # (namespace, name)
 
-# Periodic resync of unfinished jobs: a safety net, deadlines and backoffs have their own exact timers.
-RESYNC_SECONDS = 60.0
+# Periodic resync of unfinished jobs: a safety net (watches deliver the changes; deadlines and backoffs have
+# exact timers), spread out so that jobs created together do not resync together.
+RESYNC_SECONDS = 300.0
+RESYNC_JITTER = 0.2
 
 
 class Coalescer:
@@ -104,6 +107,8 @@ class Scheduler:
 
 SCHEDULER = Scheduler()
 KUBE: Kube | None = None
+# Set by `kubetf operator` before kopf starts.
+QPS, BURST, VERBOSE = 100.0, 200, False
 PHASES: dict[Key, str] = {}
 
 
@@ -133,8 +138,10 @@ def reconcile_job(key: Key) -> None:
         client.delete_pods(plan.delete)
     created = []
     if plan.create:
-        client.create_all(plan.ensure)
-        created = client.create_all(plan.create)
+        # The Service and PVC go in the same parallel batch: a pod may exist before them (it waits for its volume).
+        created = [o for o in client.create_all([*plan.ensure, *plan.create]) if o["kind"] == "Pod"]
+        for pod in created:
+            POD_STATES.seen(pod)  # its ADDED event brings nothing new: no reconcile for it
         if created:
             names = ", ".join(p["metadata"]["name"] for p in created)
             plan.events.append(reconcile.Event("Normal", "CreatedPods", f"Created {names}"))
@@ -157,7 +164,7 @@ def _schedule(key: Key, plan: Plan, final: dict[str, Any], now: float) -> None:
     if plan.requeue_at is not None:
         SCHEDULER.at(plan.requeue_at, key)
     elif final.get("phase") not in (*st.FINISHED, st.SUSPENDED):
-        SCHEDULER.at(now + RESYNC_SECONDS, key)
+        SCHEDULER.at(now + RESYNC_SECONDS * (1 + random.uniform(-RESYNC_JITTER, RESYNC_JITTER)), key)
 
 
 def _count_restarts(original: dict[str, Any], final: dict[str, Any]) -> None:
@@ -190,7 +197,45 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch
 
 
+class PodStates:
+    """What the operator last knew of each of its pods, so pod events that change nothing it reads (our own
+    creations, metadata-only updates) do not cost a reconcile."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.known: dict[str, tuple[Any, ...]] = {}
+
+    @staticmethod
+    def signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
+        status = pod.get("status") or {}
+        meta = pod.get("metadata") or {}
+        return (
+            status.get("phase"),
+            bool(meta.get("deletionTimestamp")),
+            st.is_ready(dict(pod)),
+            st.pending_reason(dict(pod)),
+            policy.disruption_reason(dict(pod)),
+        )
+
+    def seen(self, pod: Mapping[str, Any]) -> None:
+        with self.lock:
+            self.known[pod["metadata"]["uid"]] = self.signature(pod)
+
+    def changed(self, pod: Mapping[str, Any], deleted: bool) -> bool:
+        uid = pod["metadata"]["uid"]
+        with self.lock:
+            if deleted:
+                self.known.pop(uid, None)
+                return True
+            signature = self.signature(pod)
+            if self.known.get(uid) == signature:
+                return False
+            self.known[uid] = signature
+            return True
+
+
 COALESCER = Coalescer(reconcile_job)
+POD_STATES = PodStates()
 
 
 # ---------------------------------------------------------------------- kopf wiring
@@ -200,13 +245,15 @@ COALESCER = Coalescer(reconcile_job)
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global KUBE
     settings.posting.level = logging.WARNING
+    # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if VERBOSE else logging.WARNING)
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
     settings.batching.batch_window = 0.01
     settings.execution.max_workers = 16
-    KUBE = Kube()
+    KUBE = Kube(qps=QPS, burst=BURST)
     SCHEDULER.start(COALESCER.request)
 
 
@@ -220,5 +267,6 @@ def job_event(namespace: str | None, name: str, type: str, **_: Any) -> None:
 
 
 @kopf.on.event("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGER, api.LABEL_JOB: kopf.PRESENT})
-def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-    COALESCER.request((namespace or "default", labels[api.LABEL_JOB]))
+def pod_event(namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any], type: str, **_: Any) -> None:
+    if POD_STATES.changed(body, deleted=type == "DELETED"):
+        COALESCER.request((namespace or "default", labels[api.LABEL_JOB]))

@@ -57,8 +57,10 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
         status["reason"] = reason
         st.set_condition(status, new_phase, reason, message, now, generation)
         # An event per change of phase or reason; a warning also when its message changes (a new pod is stuck).
+        if before is None and event_type == "Normal":
+            return  # a new job: the CreatedPods event says it
         if (
-            not before
+            before is None
             or (before["type"], before.get("reason")) != (new_phase, reason)
             or (event_type == "Warning" and before.get("message") != message)
         ):

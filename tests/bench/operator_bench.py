@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--disruptions", type=int, default=20)
     args = parser.parse_args()
 
-    cluster = Cluster(ensure_cluster())
+    cluster = Cluster(ensure_cluster().kubeconfig)
     cluster.install_crd()
     operator = Operator(cluster.kubeconfig, Path(tempfile.mkdtemp()) / "operator.log")
     operator.start()

@@ -89,9 +89,8 @@ def _run_up() -> str:
     pytest.fail("local-cluster.sh up did not print the KUBECONFIG to use:\n" + "".join(lines[-30:]), pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def kube_cluster() -> KubeCluster:
-    """A reachable Kubernetes cluster for the whole session (see the module docstring)."""
+def ensure_cluster() -> KubeCluster:
+    """A reachable cluster: `$KUBECONFIG` when set, else the local one brought up (also for scripts: make bench)."""
     _add_bin_dir_to_path()
     kubeconfig = os.environ.get("KUBECONFIG", "")
     local = False
@@ -113,3 +112,9 @@ def kube_cluster() -> KubeCluster:
             pytest.fail(f"the cluster at KUBECONFIG={kubeconfig} is not ready:\n{result.stderr}", pytrace=False)
         time.sleep(1)
     return cluster
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> KubeCluster:
+    """A reachable Kubernetes cluster for the whole session (see the module docstring)."""
+    return ensure_cluster()
