@@ -1,12 +1,30 @@
 # kubetf: `make demo` runs a real distributed training job; `make test` runs every test tier.
 SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-CRD := operator/kubetf/crd/trainingjobs.kubetf.io.yaml
 PYTEST := $(PY) -m pytest
+KUBETF := $(VENV)/bin/kubetf
+VERSION := 0.1.0
+CRD := operator/kubetf/crd/trainingjobs.kubetf.io.yaml
+CLUSTER := tests/cluster/local-cluster.sh
+BASE_IMAGE := kubetf/python-base:bookworm
+OPERATOR_IMAGE := kubetf/operator:$(VERSION)
+TRAINER_IMAGE := kubetf/trainer:$(VERSION)
+OPERATOR_NAMESPACE := kubetf-system
+DEMO_NAMESPACE := kubetf-demo
+export PATH := $(HOME)/.cache/kubetf/bin:$(PATH)
 
-.PHONY: venv lint manifests test test-unit help
+# The cluster: $KUBECONFIG or ~/.kube/config when there is one, else the local cluster (tests/cluster).
+LOCAL_KUBECONFIG := $(or $(KUBETF_CLUSTER_DIR),/var/lib/kubetf-cluster)/admin.kubeconfig
+TARGET_KUBECONFIG := $(or $(KUBECONFIG),$(wildcard $(HOME)/.kube/config),$(LOCAL_KUBECONFIG))
+IS_LOCAL := $(if $(filter $(LOCAL_KUBECONFIG),$(TARGET_KUBECONFIG)),yes,)
+KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
+HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
+
+.PHONY: help venv tools lint manifests test test-unit test-trainer test-cluster cluster cluster-down images install \
+	demo bench
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -16,16 +34,58 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,trainer]'
 	touch $@
 
-venv: $(VENV)/.installed ## create .venv with the project, dev tools and TensorFlow
+venv: $(VENV)/.installed ## .venv with the project, the dev tools and TensorFlow
 
-manifests: ## copy the CRD (the single source) to manifests/ and the helm chart
-	cp $(CRD) manifests/crd/
+tools: ## kubectl and helm under ~/.cache/kubetf/bin
+	$(CLUSTER) tools
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test-unit: venv ## pure tests, seconds
+manifests: ## copy the CRD (the single source) to manifests/ and the chart; re-render the kubectl install path
+	cp $(CRD) manifests/crd/
+	cp $(CRD) helm/kubetf/crds/
+	helm/render-manifests.sh
+
+test-unit: venv tools ## pure tests, seconds
 	$(PYTEST) -m unit tests/unit
 
-test: lint test-unit ## every test tier
+test-trainer: venv ## TensorFlow training as local processes (kubetf local)
+	$(PYTEST) -m trainer tests/trainer
+
+test-cluster: venv tools ## integration and e2e tiers on $$KUBECONFIG, else on the local cluster (brought up)
+	$(PYTEST) -m "integration or e2e" tests/integration tests/e2e
+
+test: lint test-unit test-trainer test-cluster ## every test tier
+
+cluster: ## the local cluster, unless a kubeconfig names another one
+	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) up; else echo "using the cluster of $(TARGET_KUBECONFIG)"; fi
+
+cluster-down: ## stop the local cluster and clean up after it
+	$(CLUSTER) down
+
+images: ## build the operator and trainer images FROM the local base; load them into the local cluster
+	$(CLUSTER) images
+	DOCKER_BUILDKIT=0 docker build --network host -q -f operator/Dockerfile \
+		--build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(OPERATOR_IMAGE) .
+	DOCKER_BUILDKIT=0 docker build --network host -q -f trainer_image/Dockerfile \
+		--build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TRAINER_IMAGE) .
+	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) load $(OPERATOR_IMAGE) $(TRAINER_IMAGE); \
+	else echo "push or load $(OPERATOR_IMAGE) and $(TRAINER_IMAGE) into your cluster (kind: tests/cluster/kind.sh)"; fi
+
+install: venv ## the CRD, then the chart into kubetf-system (restricted Pod Security Standard)
+	$(KUBECTL) apply --server-side --force-conflicts -f manifests/crd/
+	$(KUBECTL) create namespace $(OPERATOR_NAMESPACE) --dry-run=client -o yaml | $(KUBECTL) apply -f -
+	$(KUBECTL) label --overwrite namespace $(OPERATOR_NAMESPACE) pod-security.kubernetes.io/enforce=restricted
+	$(HELM) upgrade --install kubetf helm/kubetf --namespace $(OPERATOR_NAMESPACE) --wait --timeout 5m
+
+demo: venv cluster images install ## a real 2-worker MNIST job on the cluster, followed to the end
+	$(KUBECTL) create namespace $(DEMO_NAMESPACE) --dry-run=client -o yaml | $(KUBECTL) apply -f -
+	$(KUBECTL) -n $(DEMO_NAMESPACE) delete trainingjob mnist-mwms --ignore-not-found --wait
+	$(KUBECTL) -n $(DEMO_NAMESPACE) delete pvc mnist-mwms-checkpoint --ignore-not-found --wait
+	$(KUBETF) submit -f manifests/samples/mnist-mwms.yaml -n $(DEMO_NAMESPACE) --kubeconfig $(TARGET_KUBECONFIG)
+	$(KUBETF) status mnist-mwms -n $(DEMO_NAMESPACE) --kubeconfig $(TARGET_KUBECONFIG)
+
+bench: venv ## operator benchmark (creation latency, burst, preemption recovery, memory)
+	$(PY) -m tests.bench.operator_bench

