@@ -100,8 +100,9 @@ def test_sigterm_to_mwms_worker_saves_a_checkpoint_before_exit(local_run):
     # every worker saved the backup at the same step, then exited 42 (a disruption)
     preempted = {(r["role"], r["index"]): r for r in run.records("preempted", lines=before)}
     assert set(preempted) == {("worker", 0), ("worker", 1)}
-    saved = preempted[("worker", 0)]
-    assert saved["exit_code"] == 42 and saved["step"] == preempted[("worker", 1)]["step"]
+    saved = preempted[("worker", 0)]  # the chief: it writes the backup
+    assert saved["saved"] and saved["exit_code"] == 42
+    assert preempted[("worker", 1)] == {**saved, "index": 1}
     assert saved["step"] > steps  # past the first epoch: mid-training, not at a boundary backup
     assert any("exit code 42" in line and "Disrupted" in line for line in before)
     # the restarted group resumed from that checkpoint: same epoch, and only the rest of it

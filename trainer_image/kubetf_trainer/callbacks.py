@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import shutil
@@ -16,6 +17,7 @@ import tensorflow as tf
 
 from .env import TaskInfo, task_info
 from .progress import emit
+from .signals import SIGTERM_EXIT_CODE
 
 log = logging.getLogger("kubetf_trainer")
 
@@ -107,10 +109,12 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
         save_before_preemption: bool = True,
         info: TaskInfo | None = None,
         exit_code: int = PREEMPTION_EXIT_CODE,
+        peer_timeout: float = 30.0,
     ):
         super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=delete_checkpoint)
         self.info = info or task_info()
         self.exit_code = exit_code
+        self.peer_timeout = peer_timeout
         self._want_preemption = save_before_preemption
         self._handler: Any = None
         self._batch = -1
@@ -149,12 +153,19 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch = batch
-        super().on_train_batch_end(batch, logs)
+        try:
+            super().on_train_batch_end(batch, logs)
+        except tf.errors.OpError as exc:
+            handler = self._handler
+            if handler is None or not (
+                handler._received_own_sigterm.is_set() or handler._received_checkpoint_step.is_set()
+            ):
+                raise
+            # A peer went away in the middle of the preemption protocol: still a disruption, not a failure.
+            self._report(saved=False, exit_code=SIGTERM_EXIT_CODE, error=str(exc).splitlines()[0][:200])
+            os._exit(SIGTERM_EXIT_CODE)
 
-    def _exit(self) -> None:
-        state = getattr(self, "_training_state", None)
-        if state is not None and state.write_checkpoint_manager is not state.read_checkpoint_manager:
-            shutil.rmtree(state.write_checkpoint_manager.directory, ignore_errors=True)
+    def _report(self, saved: bool, exit_code: int, **extra: Any) -> None:
         steps = int((self.params or {}).get("steps") or 0)
         emit(
             "preempted",
@@ -162,10 +173,35 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
             epoch=self._current_epoch,  # epochs finished before the current one
             epoch_step=self._batch + 1,  # steps of the current epoch in the saved backup
             step=self._current_epoch * steps + self._batch + 1,
+            saved=saved,
             backup_dir=self.backup_dir,
-            exit_code=self.exit_code,
+            exit_code=exit_code,
+            **extra,
         )
         with contextlib.suppress(Exception):
             sys.stderr.flush()
+
+    def _marker(self, step: int, role: str = "*", index: str = "*") -> str:
+        return os.path.join(self.backup_dir, f"preempted-{step}-{role}-{index}")
+
+    def _exit(self) -> None:
+        """After the preemption save (same step on every worker)."""
+        state = getattr(self, "_training_state", None)
+        step = int(getattr(self._handler, "_run_counter", 0))
+        if state is not None and state.write_checkpoint_manager is not state.read_checkpoint_manager:
+            shutil.rmtree(state.write_checkpoint_manager.directory, ignore_errors=True)
+            with open(self._marker(step, self.info.role, str(self.info.index)), "w") as f:
+                f.write("saved\n")
+        else:
+            # The chief hosts the coordination service the others still talk to while they save: leave
+            # only when every other worker has said it is done (or after peer_timeout seconds).
+            peers = self.info.num_workers - 1
+            deadline = time.monotonic() + self.peer_timeout
+            while len(glob.glob(self._marker(step))) < peers and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for path in glob.glob(self._marker(step)):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+        self._report(saved=True, exit_code=self.exit_code)
         # os._exit: the checkpoint is on disk; skip TensorFlow's teardown, which can wait on peers.
         os._exit(self.exit_code)
