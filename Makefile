@@ -70,7 +70,7 @@ images: ## build the operator and trainer images FROM the local base; load them 
 	DOCKER_BUILDKIT=0 docker build --network host -q -f operator/Dockerfile \
 		--build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(OPERATOR_IMAGE) .
 	DOCKER_BUILDKIT=0 docker build --network host -q -f trainer_image/Dockerfile \
-		--build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TRAINER_IMAGE) .
+		--build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TRAINER_IMAGE) trainer_image
 	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) load $(OPERATOR_IMAGE) $(TRAINER_IMAGE); \
 	else echo "push or load $(OPERATOR_IMAGE) and $(TRAINER_IMAGE) into your cluster (kind: tests/cluster/kind.sh)"; fi
 

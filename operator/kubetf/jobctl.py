@@ -144,11 +144,17 @@ def follow(kube: Kube, namespace: str, name: str, out: TextIO, timeout: float | 
     last = ""
     try:
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                emit(f"gave up following after {timeout:.0f}s; the job goes on")
+                return 2
             job = kube.get_job(namespace, name)
             if job is None:
                 emit(f"trainingjob {namespace}/{name} was deleted")
                 return 1
             status = job.get("status") or {}
+            if not status:  # not seen by the operator yet
+                time.sleep(POLL_SECONDS)
+                continue
             condition = st.current_condition(status) or {}
             line = f"{_summary(status)}: {condition.get('reason', '')} {condition.get('message', '')}".rstrip()
             if line != last:
@@ -157,9 +163,6 @@ def follow(kube: Kube, namespace: str, name: str, out: TextIO, timeout: float | 
             if status.get("phase") in st.FINISHED:
                 follower.stopped.wait(2)  # the last progress lines
                 return 0 if status["phase"] == st.SUCCEEDED else 1
-            if deadline is not None and time.monotonic() > deadline:
-                emit(f"gave up following after {timeout:.0f}s; the job goes on")
-                return 2
             time.sleep(POLL_SECONDS)
     finally:
         follower.stopped.set()

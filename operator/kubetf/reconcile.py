@@ -261,7 +261,7 @@ def _derive_phase(
     job: Job, views: dict[str, TaskView], previous: str | None, status: dict[str, Any], transition: Any
 ) -> None:
     _store_tasks(status, views)
-    running = all(v.state == COMPLETED or (v.pod is not None and st.is_ready(v.pod)) for v in views.values())
+    running = all(v.state == COMPLETED or (v.pod is not None and st.is_started(v.pod)) for v in views.values())
     if running:
         transition(st.RUNNING, "AllPodsRunning", f"{status['ready']} pods running")
         return

@@ -80,6 +80,11 @@ def is_ready(pod: Pod) -> bool:
     return conditions.get("Ready", "True" if not status.get("conditions") else "False") == "True"
 
 
+def is_started(pod: Pod) -> bool:
+    """Its containers run (or just finished): the task takes part, ready or not."""
+    return (pod.get("status") or {}).get("phase") in ("Running", "Succeeded") and not is_deleting(pod)
+
+
 def pending_reason(pod: Pod) -> str | None:
     """Why a pod that should run does not: the scheduler's or the kubelet's own words."""
     status = pod.get("status") or {}
@@ -153,7 +158,7 @@ def replica_statuses(views: dict[str, TaskView]) -> dict[str, dict[str, int]]:
 
 def waiting_message(views: dict[str, TaskView], job_name: str) -> tuple[str, str]:
     """(reason, message) for a job whose pods are not all running yet."""
-    waiting = [v for v in views.values() if v.state != COMPLETED and not (v.pod is not None and is_ready(v.pod))]
+    waiting = [v for v in views.values() if v.state != COMPLETED and not (v.pod is not None and is_started(v.pod))]
     stuck = [(v, pending_reason(v.pod)) for v in waiting if v.pod is not None and pending_reason(v.pod)]
     total = sum(1 for v in views.values() if v.state != COMPLETED)
     if stuck:

@@ -34,14 +34,20 @@ def test_helm_uninstall_leaves_no_operator_objects_and_keeps_crd_and_retained_ch
     helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait")
     apps = client.AppsV1Api(cluster.api_client)
     rbac = client.RbacAuthorizationV1Api(cluster.api_client)
-    left = [d.metadata.name for d in apps.list_namespaced_deployment(OPERATOR_NAMESPACE).items]
-    left += [
-        s.metadata.name
-        for s in cluster.core.list_namespaced_service_account(OPERATOR_NAMESPACE).items
-        if s.metadata.name != "default"
+    release = f"app.kubernetes.io/instance={RELEASE}"  # the chart's labels on everything it installs
+    left = [
+        f"{kind} {o.metadata.name}"
+        for kind, items in (
+            ("deployment", apps.list_deployment_for_all_namespaces(label_selector=release).items),
+            ("service", cluster.core.list_service_for_all_namespaces(label_selector=release).items),
+            ("serviceaccount", cluster.core.list_service_account_for_all_namespaces(label_selector=release).items),
+            ("clusterrole", rbac.list_cluster_role(label_selector=release).items),
+            ("clusterrolebinding", rbac.list_cluster_role_binding(label_selector=release).items),
+            ("role", rbac.list_role_for_all_namespaces(label_selector=release).items),
+            ("rolebinding", rbac.list_role_binding_for_all_namespaces(label_selector=release).items),
+        )
+        for o in items
     ]
-    left += [r.metadata.name for r in rbac.list_cluster_role().items if "kubetf" in r.metadata.name]
-    left += [b.metadata.name for b in rbac.list_cluster_role_binding().items if "kubetf" in b.metadata.name]
     assert left == []
     assert exists(client.ApiextensionsV1Api(cluster.api_client).read_custom_resource_definition, api.CRD_NAME)
     assert exists(cluster.core.read_namespaced_persistent_volume_claim, "keep-checkpoint", namespace)
