@@ -66,3 +66,22 @@ def test_ps_success_stops_the_servers_and_the_evaluator_restarts_alone(local_run
     assert any("stopping worker-0, ps-0 (job succeeded)" in line for line in run.lines)
     restarts = [line for line in run.lines if "restarting" in line]
     assert all(line.endswith("restarting evaluator-0 (failures 1, disruptions 0)") for line in restarts)
+
+
+@pytest.mark.timeout(60)
+def test_the_kubetf_cli_runs_local(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import child_env
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job("viacli", {"worker": "0"})))
+    result = subprocess.run(
+        [sys.executable, "-m", "kubetf.cli", "local", "-f", str(path), "--workdir", str(tmp_path / "run")],
+        env=child_env(), capture_output=True, text=True, timeout=50, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "worker-0 | attempt 0" in result.stdout and "worker-1 | attempt 0" in result.stdout
+    assert "job succeeded" in result.stdout
