@@ -84,9 +84,18 @@ def task_env(
         env["KUBETF_CHECKPOINT_DIR"] = checkpoint_dir or checkpoint["mountPath"]
     limits = (training_container(job, role).get("resources") or {}).get("limits") or {}
     if "cpu" in limits:
-        threads = str(api.cpu_threads(limits["cpu"]))
+        threads = api.cpu_threads(limits["cpu"])
+        inter_op = threads
+        if api.strategy(job) == "ParameterServer":
+            # A ps/worker server runs one op per connected worker at once: fewer inter-op threads deadlock it.
+            workers = api.replica_specs(job).get("worker", {}).get("replicas", 0)
+            inter_op = max(threads, workers + 1)
         # TensorFlow sizes its pools from the host's cores, not the cgroup quota (tensorflow#17206).
-        env |= {"TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads, "OMP_NUM_THREADS": threads}
+        env |= {
+            "TF_NUM_INTRAOP_THREADS": str(threads),
+            "TF_NUM_INTEROP_THREADS": str(inter_op),
+            "OMP_NUM_THREADS": str(threads),
+        }
     if api.strategy(job) == "ParameterServer":
         env["GRPC_FAIL_FAST"] = "use_caller"
     return env

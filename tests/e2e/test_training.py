@@ -98,7 +98,7 @@ def test_eviction_restarts_the_group_which_resumes_from_the_last_checkpoint(inst
     cluster = installed
     job = sample("mnist-mwms")
     container = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-    container["command"] = [a if a not in ("5", "20") else {"5": "8", "20": "30"}[a] for a in container["command"]]
+    container["args"] = [{"5": "8", "20": "30"}.get(a, a) for a in container["args"]]
     create(cluster, namespace, job)
     wait_progress(
         cluster,

@@ -120,6 +120,16 @@ def test_thread_env_follows_the_cpu_limit():
     assert "OMP_NUM_THREADS" not in env_of(no_limit)
 
 
+def test_parameter_server_tasks_get_an_inter_op_thread_per_worker():
+    document = job(strategy="ParameterServer", chief=replica(1), worker=replica(3), ps=replica(1))
+    for spec in document["spec"]["replicaSpecs"].values():
+        spec["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    pods, _, _ = rendered(document)
+    for pod in pods:
+        assert env_of(pod)["TF_NUM_INTRAOP_THREADS"] == "1"
+        assert env_of(pod)["TF_NUM_INTEROP_THREADS"] == "4"
+
+
 def test_gpus_shorthand_sets_limits_and_toleration_on_the_training_container():
     document = job(
         strategy="Mirrored",
