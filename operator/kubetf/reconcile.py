@@ -88,6 +88,9 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
 
     views, orphans = st.observe(job, pods)
     result.delete += [p for p in orphans if not st.is_deleting(p)]
+    for view in views.values():
+        if view.state == WAITING and view.pod is not None:
+            view.state = CREATED  # created by an operator that stopped before it could record it
 
     deadline = _deadline(job, status)
     if deadline is not None and now >= deadline:

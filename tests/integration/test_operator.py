@@ -81,7 +81,15 @@ def test_operator_killed_mid_creation_converges_without_duplicates(cluster, name
         pods = cluster.wait_pods(namespace, name, lambda p: len(p) == 5, f"{name} pods", 20)
         assert sorted(pods) == [p.replace("ps-", f"{name}-", 1) for p in PS_PODS]
         assert set(attempts(pods).values()) == {"0"}
-        status = cluster.status(namespace, name)
+        status = wait_for(
+            lambda n=name: (
+                (s := cluster.status(namespace, n)).get("tasks")
+                and all(t["state"] == "Created" for t in s["tasks"].values())
+                and s
+            ),
+            30,
+            f"{name} converged",
+        )
         assert status["restarts"]["total"] == 0
         assert {t["state"] for t in status["tasks"].values()} == {"Created"}
     services = cluster.core.list_namespaced_service(namespace).items
@@ -257,3 +265,17 @@ def test_a_job_the_operator_cannot_run_fails_with_a_reason_and_no_pods(cluster, 
     assert status["reason"] == "InvalidSpec"
     assert cluster.pods(namespace, "bad") == {}
     assert cluster.core.list_namespaced_service(namespace).items == []
+
+
+def test_the_topology_changes_only_while_suspended(cluster, namespace):
+    running(cluster, namespace, "grow", mwms_spec(), 3)
+    with pytest.raises(ApiException) as error:
+        cluster.patch_spec(namespace, "grow", {"replicaSpecs": {"worker": {"replicas": 3}}})
+    assert error.value.status == 422
+    assert "only while the job is suspended" in error.value.body
+    cluster.patch_spec(namespace, "grow", {"runPolicy": {"suspend": True}})
+    cluster.wait_phase(namespace, "grow", "Suspended")
+    cluster.patch_spec(namespace, "grow", {"replicaSpecs": {"worker": {"replicas": 3}}})
+    cluster.patch_spec(namespace, "grow", {"runPolicy": {"suspend": False}})
+    pods = cluster.wait_pods(namespace, "grow", lambda p: len(p) == 4, "4 pods after the resize")
+    assert sorted(pods) == ["grow-chief-0", "grow-worker-0", "grow-worker-1", "grow-worker-2"]

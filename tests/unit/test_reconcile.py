@@ -394,3 +394,16 @@ def test_phase_and_condition_always_agree():
         sim.gone()
         assert sim.condition()["type"] == sim.status["phase"]
         assert sum(c["status"] == "True" for c in sim.status["conditions"]) == 1
+
+
+def test_pods_created_by_an_operator_that_died_before_recording_them_are_adopted():
+    sim = Sim(mwms_job())
+    plan = sim.step()
+    # The same creation replayed by a new operator: the status never recorded the pods.
+    sim.job["status"] = {}
+    plan = sim.step()
+    assert plan.create == []
+    assert {t["state"] for t in sim.status["tasks"].values()} == {"Created"}
+    del sim.pods["mnist-worker-0"]
+    sim.step()
+    assert sim.status["restarts"]["disruptions"] == 1
