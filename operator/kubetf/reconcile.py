@@ -266,7 +266,10 @@ def _derive_phase(
     _store_tasks(status, views)
     running = all(v.state == COMPLETED or (v.pod is not None and st.is_started(v.pod)) for v in views.values())
     if running:
-        transition(st.RUNNING, "AllPodsRunning", f"{status['ready']} pods running")
+        total = len(views)
+        done = sum(1 for v in views.values() if v.state == COMPLETED)
+        finished = f", {done} finished" if done else ""
+        transition(st.RUNNING, "AllPodsRunning", f"{total - done}/{total} pods running{finished}")
         return
     reason, message = st.waiting_message(views, api.name(job))
     if previous == st.RESTARTING:
