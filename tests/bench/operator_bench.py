@@ -101,8 +101,10 @@ def main() -> None:
             cluster.create_job(namespace, name, SPEC)
             done = watch.wait(lambda n=name: len(watch.live.get(n, ())) == 5)
             latencies.append((done - start) * 1000)
-        print(f"apply -> all 5 pods, 1+4 job, {args.jobs} jobs one at a time: "
-              f"p50 {percentile(latencies, 0.5):.0f} ms, p99 {percentile(latencies, 0.99):.0f} ms")
+        print(
+            f"apply -> all 5 pods, 1+4 job, {args.jobs} jobs one at a time: "
+            f"p50 {percentile(latencies, 0.5):.0f} ms, p99 {percentile(latencies, 0.99):.0f} ms"
+        )
 
         names = [f"burst-{i}" for i in range(args.burst)]
         start = time.monotonic()
@@ -110,10 +112,14 @@ def main() -> None:
             cluster.create_job(namespace, name, SPEC)
         applied = time.monotonic()
         done = watch.wait(lambda: all(len(watch.live.get(n, ())) == 5 for n in names), timeout=600)
-        print(f"burst of {args.burst} jobs: applied in {applied - start:.1f}s, all children in {done - start:.1f}s "
-              f"= {args.burst / (done - start):.1f} jobs/s")
-        print(f"operator RSS after the burst ({args.jobs + args.burst} jobs, "
-              f"{5 * (args.jobs + args.burst)} pods): {rss_mib(operator.process.pid):.0f} MiB")
+        print(
+            f"burst of {args.burst} jobs: applied in {applied - start:.1f}s, all children in {done - start:.1f}s "
+            f"= {args.burst / (done - start):.1f} jobs/s"
+        )
+        print(
+            f"operator RSS after the burst ({args.jobs + args.burst} jobs, "
+            f"{5 * (args.jobs + args.burst)} pods): {rss_mib(operator.process.pid):.0f} MiB"
+        )
 
         recover = []
         for i in range(args.disruptions):
@@ -124,12 +130,15 @@ def main() -> None:
             start = time.monotonic()
             cluster.delete_pod(victim)
             group = [f"{name}-chief-0"] + [f"{name}-worker-{w}" for w in range(4)]
-            done = watch.wait(lambda g=group, n=name: len(watch.live.get(n, ())) == 5
-                              and all(watch.attempts.get(p) == "1" for p in g))
+            done = watch.wait(
+                lambda g=group, n=name: len(watch.live.get(n, ())) == 5 and all(watch.attempts.get(p) == "1" for p in g)
+            )
             recover.append((done - start) * 1000)
-        print(f"preemption of one worker -> whole MWMS group recreated, {args.disruptions} times: "
-              f"p50 {percentile(recover, 0.5):.0f} ms, p99 {percentile(recover, 0.99):.0f} ms, "
-              f"mean {statistics.mean(recover):.0f} ms")
+        print(
+            f"preemption of one worker -> whole MWMS group recreated, {args.disruptions} times: "
+            f"p50 {percentile(recover, 0.5):.0f} ms, p99 {percentile(recover, 0.99):.0f} ms, "
+            f"mean {statistics.mean(recover):.0f} ms"
+        )
     finally:
         cluster.core.delete_namespace(namespace)
         operator.stop()

@@ -62,8 +62,11 @@ def summarize(lines: list[str], wall: float, prefix: str = "") -> dict[str, Any]
         if record and record.get("kubetf") == "progress" and record.get("index") == 0:
             progress.append(record)
     rates = [float(p["steps_per_sec"]) for p in progress[1:] if p.get("steps_per_sec")]
-    return {"wall_s": round(wall, 2), "epochs": len(progress),
-            "steps_per_s": round(statistics.mean(rates), 3) if rates else None}
+    return {
+        "wall_s": round(wall, 2),
+        "epochs": len(progress),
+        "steps_per_s": round(statistics.mean(rates), 3) if rates else None,
+    }
 
 
 def by_hand(job: dict[str, Any], workdir: str) -> dict[str, Any]:
@@ -75,7 +78,10 @@ def by_hand(job: dict[str, Any], workdir: str) -> dict[str, Any]:
     start = time.monotonic()
     for role, index in tasks:
         env = base_env() | builders.task_env(
-            job, role, index, address_of=lambda r, i: f"localhost:{ports[(r, i)]}",
+            job,
+            role,
+            index,
+            address_of=lambda r, i: f"localhost:{ports[(r, i)]}",
             checkpoint_dir=os.path.join(workdir, "checkpoint"),
         )
         argv = local.container_argv(builders.training_container(job, role), env, path_map, sys.executable)
@@ -99,7 +105,11 @@ def via_local(job: dict[str, Any], workdir: str) -> dict[str, Any]:
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "kubetf.local", "-f", job_file, "--workdir", os.path.join(workdir, "run")],
-        env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False,
+        env=base_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
     )
     wall = time.monotonic() - start
     if proc.returncode:
@@ -114,8 +124,17 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    train_args = ["--data", "digits", "--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps_per_epoch),
-                  "--batch-size", str(args.batch_size), "--no-preemption-checkpoint"]
+    train_args = [
+        "--data",
+        "digits",
+        "--epochs",
+        str(args.epochs),
+        "--steps-per-epoch",
+        str(args.steps_per_epoch),
+        "--batch-size",
+        str(args.batch_size),
+        "--no-preemption-checkpoint",
+    ]
     results: dict[str, list[dict[str, Any]]] = {"by_hand": [], "kubetf_local": []}
     with tempfile.TemporaryDirectory(prefix="kubetf-bench-") as tmp:
         for i in range(args.repeats):  # alternate, so that drift hits both the same way
@@ -128,18 +147,24 @@ def main() -> int:
     summary = {}
     for mode, runs in results.items():
         rates = [r["steps_per_s"] for r in runs if r["steps_per_s"]]
-        summary[mode] = {"steps_per_s": round(statistics.mean(rates), 3),
-                         "wall_s": round(statistics.mean(r["wall_s"] for r in runs), 2)}
+        summary[mode] = {
+            "steps_per_s": round(statistics.mean(rates), 3),
+            "wall_s": round(statistics.mean(r["wall_s"] for r in runs), 2),
+        }
     hand, loc = summary["by_hand"], summary["kubetf_local"]
     slower = hand["steps_per_s"] - loc["steps_per_s"]
     summary["steps_per_s_overhead_pct"] = round(100 * slower / hand["steps_per_s"], 2)
     summary["wall_overhead_pct"] = round(100 * (loc["wall_s"] - hand["wall_s"]) / hand["wall_s"], 2)
-    print(f"2-worker MWMS, {args.epochs} epochs x {args.steps_per_epoch} steps, batch {args.batch_size}/worker, "
-          f"{args.repeats} run(s) each")
+    print(
+        f"2-worker MWMS, {args.epochs} epochs x {args.steps_per_epoch} steps, batch {args.batch_size}/worker, "
+        f"{args.repeats} run(s) each"
+    )
     print(f"  by hand      : {hand['steps_per_s']:8.3f} steps/s   wall {hand['wall_s']:6.2f} s")
     print(f"  kubetf local : {loc['steps_per_s']:8.3f} steps/s   wall {loc['wall_s']:6.2f} s")
-    print(f"  overhead     : {summary['steps_per_s_overhead_pct']:+.2f}% steps/s, "
-          f"{summary['wall_overhead_pct']:+.2f}% wall")
+    print(
+        f"  overhead     : {summary['steps_per_s_overhead_pct']:+.2f}% steps/s, "
+        f"{summary['wall_overhead_pct']:+.2f}% wall"
+    )
     print(json.dumps({"kubetf": "bench", "name": "trainer_overhead", **summary}))
     return 0
 

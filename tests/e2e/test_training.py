@@ -191,8 +191,7 @@ def test_a_job_asking_for_more_gpus_than_the_node_has_stays_pending_and_says_why
     assert status["phase"] == "Pending"
     message = next(c["message"] for c in status["conditions"] if c["status"] == "True")
     assert "nvidia.com/gpu" in message
-    events = cluster.events(namespace, "mirrored")
-    assert any(e["type"] == "Warning" and e["reason"] == "Unschedulable" for e in events)
+    installed.wait_event(namespace, "mirrored", "Unschedulable")
 
 
 def test_a_missing_image_says_image_pull_backoff_then_fails_after_the_startup_timeout(installed, namespace):

@@ -191,6 +191,14 @@ class Cluster:
     def delete_pod(self, pod: dict) -> None:
         self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])
 
+    def wait_event(self, namespace: str, name: str, reason: str, type_: str = "Warning") -> dict:
+        """The job's event of that reason and type (events are written after the status, so wait)."""
+
+        def find():
+            return next((e for e in self.events(namespace, name) if e["reason"] == reason and e["type"] == type_), None)
+
+        return wait_for(find, 10, f"a {type_} event {reason} on {name}")
+
     def events(self, namespace: str, name: str) -> list[dict]:
         items = self.raw(
             self.core.list_namespaced_event(

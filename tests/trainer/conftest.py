@@ -79,8 +79,18 @@ class LocalRun:
         self.lines: list[str] = []
         self.cond = threading.Condition()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kubetf.local", "-f", str(job_file), "--workdir", str(workdir / "run"),
-             "--grace-period", "5", *extra_args],
+            [
+                sys.executable,
+                "-m",
+                "kubetf.local",
+                "-f",
+                str(job_file),
+                "--workdir",
+                str(workdir / "run"),
+                "--grace-period",
+                "5",
+                *extra_args,
+            ],
             env=child_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -120,8 +130,9 @@ class LocalRun:
         self.reader.join(timeout=10)
         return code
 
-    def records(self, kind: str | None = None, label: str | None = None,
-                lines: list[str] | None = None) -> list[dict[str, Any]]:
+    def records(
+        self, kind: str | None = None, label: str | None = None, lines: list[str] | None = None
+    ) -> list[dict[str, Any]]:
         out = []
         for line in self.lines if lines is None else lines:
             if label and not line.startswith(f"{label} | "):

@@ -23,8 +23,9 @@ def _env(job, role, index, ckpt=None):
 
 
 def test_task_info_reads_what_the_operator_injects():
-    job = make_job("j", "ParameterServer", {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}, [],
-                   example="ps_training.py")
+    job = make_job(
+        "j", "ParameterServer", {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}, [], example="ps_training.py"
+    )
     chief = task_info(_env(job, "chief", 0, "/ckpt"))
     assert (chief.role, chief.index, chief.strategy, chief.job_name) == ("chief", 0, "ParameterServer", "j")
     assert chief.is_chief and not chief.is_ps_server and chief.num_workers == 3
@@ -51,8 +52,15 @@ def test_progress_lines_round_trip(capsys):
     line = capsys.readouterr().out.strip()
     assert "\n" not in line
     record = parse_line("worker-1 | " + line)
-    assert record == {"kubetf": "progress", "role": "worker", "index": 1, "epoch": 2, "loss": 0.5,
-                      "metrics": {"accuracy": 0.75}, "bad": None}
+    assert record == {
+        "kubetf": "progress",
+        "role": "worker",
+        "index": 1,
+        "epoch": 2,
+        "loss": 0.5,
+        "metrics": {"accuracy": 0.75},
+        "bad": None,
+    }
     assert parse_line("worker-1 | Epoch 1/3") is None
 
 
@@ -78,8 +86,9 @@ def test_auto_data_falls_back_in_one_line_when_mnist_cannot_be_had(tmp_path, cap
 
 
 def test_local_command_mapping_and_checkpoint_dir(tmp_path):
-    job = api.with_defaults(make_job("m", "MultiWorkerMirrored", {"worker": 2}, ["--epochs", "$(EPOCHS)"],
-                                     example="mnist_mwms.py"))
+    job = api.with_defaults(
+        make_job("m", "MultiWorkerMirrored", {"worker": 2}, ["--epochs", "$(EPOCHS)"], example="mnist_mwms.py")
+    )
     container = builders.training_container(job, "worker")
     path_map = local.default_path_map()
     assert path_map == {"/opt/kubetf": str(REPO / "trainer_image")}

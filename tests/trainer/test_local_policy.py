@@ -17,15 +17,26 @@ def job(name, codes: dict[str, str], strategy="MultiWorkerMirrored", replicas=No
     replicas = replicas or {"worker": 2}
     roles = {}
     for role, n in replicas.items():
-        container = {"name": "tensorflow", "image": "kubetf/trainer:0.1.0", "command": ["python", "-c", SCRIPT],
-                     "env": [{"name": f"CODES_{r.upper()}", "value": c} for r, c in codes.items()]}
+        container = {
+            "name": "tensorflow",
+            "image": "kubetf/trainer:0.1.0",
+            "command": ["python", "-c", SCRIPT],
+            "env": [{"name": f"CODES_{r.upper()}", "value": c} for r, c in codes.items()],
+        }
         roles[role] = {"replicas": n, "template": {"spec": {"containers": [container]}}}
         if role in spec.get("restart_policies", {}):
             roles[role]["restartPolicy"] = spec["restart_policies"][role]
-    return {"apiVersion": "kubetf.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
-            "spec": {"strategy": strategy, "replicaSpecs": roles,
-                     "checkpoint": {"mountPath": "/nonexistent/kubetf", "size": "1Gi"},
-                     "runPolicy": spec.get("run_policy", {"backoffLimit": 2})}}
+    return {
+        "apiVersion": "kubetf.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "strategy": strategy,
+            "replicaSpecs": roles,
+            "checkpoint": {"mountPath": "/nonexistent/kubetf", "size": "1Gi"},
+            "runPolicy": spec.get("run_policy", {"backoffLimit": 2}),
+        },
+    }
 
 
 @pytest.mark.timeout(60)
@@ -56,11 +67,18 @@ def test_exit_code_policy_makes_program_errors_permanent(local_run):
 @pytest.mark.timeout(60)
 def test_ps_success_stops_the_servers_and_the_evaluator_restarts_alone(local_run):
     # chief succeeds on its 1st attempt after a slow start; ps/worker never exit; the evaluator fails once
-    spec = job("psok", {"chief": "0", "evaluator": "1,0", "worker": "0", "ps": "0"}, strategy="ParameterServer",
-               replicas={"chief": 1, "worker": 1, "ps": 1, "evaluator": 1})
+    spec = job(
+        "psok",
+        {"chief": "0", "evaluator": "1,0", "worker": "0", "ps": "0"},
+        strategy="ParameterServer",
+        replicas={"chief": 1, "worker": 1, "ps": 1, "evaluator": 1},
+    )
     for role in ("worker", "ps"):  # servers: block until stopped
         spec["spec"]["replicaSpecs"][role]["template"]["spec"]["containers"][0]["command"] = [
-            "python", "-c", "import time; print('serving', flush=True); time.sleep(600)"]
+            "python",
+            "-c",
+            "import time; print('serving', flush=True); time.sleep(600)",
+        ]
     run = local_run(spec, "--backoff-scale", "0")
     assert run.wait_exit(50) == 0, "\n".join(run.lines)
     assert any("stopping worker-0, ps-0 (job succeeded)" in line for line in run.lines)
@@ -80,7 +98,11 @@ def test_the_kubetf_cli_runs_local(tmp_path):
     path.write_text(yaml.safe_dump(job("viacli", {"worker": "0"})))
     result = subprocess.run(
         [sys.executable, "-m", "kubetf.cli", "local", "-f", str(path), "--workdir", str(tmp_path / "run")],
-        env=child_env(), capture_output=True, text=True, timeout=50, check=False,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "worker-0 | attempt 0" in result.stdout and "worker-1 | attempt 0" in result.stdout

@@ -18,8 +18,13 @@ def _epochs(records: list[dict]) -> list[int]:
 
 @pytest.mark.timeout(300)
 def test_mwms_two_workers_train_and_loss_falls(local_run):
-    job = make_job("mwms", "MultiWorkerMirrored", {"worker": 2},
-                   [*MWMS_ARGS, "--epochs", "3", "--steps-per-epoch", "12"], example="mnist_mwms.py")
+    job = make_job(
+        "mwms",
+        "MultiWorkerMirrored",
+        {"worker": 2},
+        [*MWMS_ARGS, "--epochs", "3", "--steps-per-epoch", "12"],
+        example="mnist_mwms.py",
+    )
     run = local_run(job)
     assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
 
@@ -40,8 +45,13 @@ def test_mwms_two_workers_train_and_loss_falls(local_run):
 
 @pytest.mark.timeout(300)
 def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run):
-    job = make_job("ps", "ParameterServer", {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1},
-                   ["--data", "digits", "--epochs", "3", "--steps-per-epoch", "15"], example="ps_training.py")
+    job = make_job(
+        "ps",
+        "ParameterServer",
+        {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1},
+        ["--data", "digits", "--epochs", "3", "--steps-per-epoch", "15"],
+        example="ps_training.py",
+    )
     run = local_run(job)
     assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
 
@@ -61,8 +71,13 @@ def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run):
 @pytest.mark.timeout(400)
 def test_killed_mwms_worker_restarts_the_group_and_resumes_from_the_backup(local_run):
     epochs = 5
-    job = make_job("kill", "MultiWorkerMirrored", {"worker": 2},
-                   [*MWMS_ARGS, "--epochs", str(epochs), "--steps-per-epoch", "12"], example="mnist_mwms.py")
+    job = make_job(
+        "kill",
+        "MultiWorkerMirrored",
+        {"worker": 2},
+        [*MWMS_ARGS, "--epochs", str(epochs), "--steps-per-epoch", "12"],
+        example="mnist_mwms.py",
+    )
     run = local_run(job)
     run.wait_for(lambda lines: len(run.records("progress", "worker-0", lines)) >= 2, 200, "epoch 2 on worker-0")
     os.kill(run.pid("worker-1"), signal.SIGKILL)
@@ -88,8 +103,13 @@ def test_killed_mwms_worker_restarts_the_group_and_resumes_from_the_backup(local
 @pytest.mark.timeout(400)
 def test_sigterm_to_mwms_worker_saves_a_checkpoint_before_exit(local_run):
     epochs, steps = 4, 12
-    job = make_job("sigterm", "MultiWorkerMirrored", {"worker": 2},
-                   [*MWMS_ARGS, "--epochs", str(epochs), "--steps-per-epoch", str(steps)], example="mnist_mwms.py")
+    job = make_job(
+        "sigterm",
+        "MultiWorkerMirrored",
+        {"worker": 2},
+        [*MWMS_ARGS, "--epochs", str(epochs), "--steps-per-epoch", str(steps)],
+        example="mnist_mwms.py",
+    )
     run = local_run(job)
     run.wait_for(lambda lines: len(run.records("progress", "worker-0", lines)) >= 1, 200, "epoch 1 on worker-0")
     os.kill(run.pid("worker-1"), signal.SIGTERM)
@@ -117,8 +137,13 @@ def test_sigterm_to_mwms_worker_saves_a_checkpoint_before_exit(local_run):
 @pytest.mark.timeout(400)
 def test_ps_lost_worker_restarts_alone_lost_ps_restarts_with_the_chief(local_run):
     epochs = 8
-    job = make_job("psfail", "ParameterServer", {"chief": 1, "worker": 2, "ps": 1},
-                   ["--data", "digits", "--epochs", str(epochs), "--steps-per-epoch", "60"], example="ps_training.py")
+    job = make_job(
+        "psfail",
+        "ParameterServer",
+        {"chief": 1, "worker": 2, "ps": 1},
+        ["--data", "digits", "--epochs", str(epochs), "--steps-per-epoch", "60"],
+        example="ps_training.py",
+    )
     run = local_run(job)
 
     def chief_epochs(lines: list[str]) -> int:
