@@ -138,8 +138,9 @@ def reconcile_job(key: Key) -> None:
         client.delete_pods(plan.delete)
     created = []
     if plan.create:
-        # The Service and PVC go in the same parallel batch: a pod may exist before them (it waits for its volume).
-        created = [o for o in client.create_all([*plan.ensure, *plan.create]) if o["kind"] == "Pod"]
+        # The PVC and Service first, so the scheduler never reports a missing claim for a pod just created.
+        client.create_all(plan.ensure)
+        created = client.create_all(plan.create)
         for pod in created:
             POD_STATES.seen(pod)  # its ADDED event brings nothing new: no reconcile for it
         if created:

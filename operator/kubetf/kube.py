@@ -154,6 +154,8 @@ class Kube:
         except ApiException as error:
             if error.status == 409:
                 return None
+            if error.status == 403 and "NamespaceTerminating" in str(error.body):
+                return None  # the namespace and the job in it are going away
             raise
         return created
 

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def installed(e2e_cluster, images) -> Cluster:
+def installed(e2e_cluster, images) -> Iterator[Cluster]:
     """The chart installed as a user would, into a namespace enforcing the restricted Pod Security Standard."""
     labels = {
         "pod-security.kubernetes.io/enforce": "restricted",
@@ -77,7 +78,9 @@ def installed(e2e_cluster, images) -> Cluster:
             raise
         e2e_cluster.core.patch_namespace(OPERATOR_NAMESPACE, {"metadata": {"labels": labels}})
     helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
-    return e2e_cluster
+    yield e2e_cluster
+    # test_uninstall normally did this already; a failed or partial session must not leave an operator behind.
+    helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--ignore-not-found", "--wait")
 
 
 @pytest.fixture

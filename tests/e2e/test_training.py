@@ -183,14 +183,15 @@ def test_a_job_asking_for_more_gpus_than_the_node_has_stays_pending_and_says_why
     job = sample("mirrored")
     job["spec"]["replicaSpecs"]["chief"]["gpus"] = 64
     create(cluster, namespace, job)
-    status = wait_for(
-        lambda: (s := cluster.status(namespace, "mirrored")).get("reason") == "Unschedulable" and s,
-        60,
-        "the Unschedulable reason",
-    )
-    assert status["phase"] == "Pending"
-    message = next(c["message"] for c in status["conditions"] if c["status"] == "True")
-    assert "nvidia.com/gpu" in message
+
+    def says_why():
+        status = cluster.status(namespace, "mirrored")
+        current = next((c for c in status.get("conditions", []) if c["status"] == "True"), {})
+        return "Insufficient nvidia.com/gpu" in current.get("message", "") and status
+
+    # The scheduler's reason, once the checkpoint claim is bound: the GPUs.
+    status = wait_for(says_why, 60, "the scheduler's GPU message in the condition")
+    assert (status["phase"], status["reason"]) == ("Pending", "Unschedulable")
     installed.wait_event(namespace, "mirrored", "Unschedulable")
 
 

@@ -274,14 +274,36 @@ def cluster(kube_cluster) -> Cluster:
     return cluster
 
 
-@pytest.fixture(scope="session")
+def _installed_operators(cluster: Cluster) -> list[Any]:
+    """kubetf operators running in the cluster (the chart's Deployment, e.g. left by `make demo`)."""
+    apps = client.AppsV1Api(cluster.api_client)
+    return [d for d in apps.list_deployment_for_all_namespaces(label_selector="app.kubernetes.io/name=kubetf").items]
+
+
+@pytest.fixture(scope="package")
 def operator(cluster, tmp_path_factory):
+    """The operator under test, alone: an installed one is scaled to zero meanwhile (two operators on the same
+    jobs would each act), and this one stops before the e2e tier installs the chart."""
+    apps = client.AppsV1Api(cluster.api_client)
+    paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
+    for namespace, name, _ in paused:
+        apps.patch_namespaced_deployment_scale(namespace, name, {"spec": {"replicas": 0}})
+    for namespace, name, _ in paused:
+        wait_for(
+            lambda n=namespace, m=name: (
+                not cluster.core.list_namespaced_pod(n, label_selector="app.kubernetes.io/name=kubetf").items
+            ),
+            60,
+            f"the installed operator {namespace}/{name} stopped",
+        )
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
     process = Operator(cluster.kubeconfig, log_path)
     process.start()
     yield process
     process.stop()
     print(f"operator log: {log_path}")
+    for namespace, name, replicas in paused:
+        apps.patch_namespaced_deployment_scale(namespace, name, {"spec": {"replicas": replicas}})
 
 
 @pytest.fixture

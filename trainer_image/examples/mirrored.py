@@ -77,9 +77,7 @@ def main(argv=None) -> int:
         save_before_preemption=not args.no_preemption_checkpoint,
     )
     callbacks.insert(0, tf.keras.callbacks.LearningRateScheduler(decay))
-    history = model.fit(
-        train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, verbose=0, callbacks=callbacks
-    )
+    history = model.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, verbose=0, callbacks=callbacks)
     kt.finish(model, info, epochs=args.epochs, history=history)
     return 0
 

@@ -43,8 +43,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     kargs.add_arguments(parser, epochs=4, steps_per_epoch=20, batch_size=64, learning_rate=0.1)
     parser.add_argument("--steps-per-execution", type=int, default=1)
-    parser.add_argument("--train-examples", type=int, default=10000,
-                        help="examples shipped to the workers inside the dataset function")
+    parser.add_argument(
+        "--train-examples", type=int, default=10000, help="examples shipped to the workers inside the dataset function"
+    )
     args = parser.parse_args(argv)
     info = kargs.task(args)
 

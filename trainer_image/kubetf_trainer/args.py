@@ -19,24 +19,38 @@ def add_arguments(
     learning_rate: float = 0.01,
 ) -> argparse.ArgumentParser:
     g = parser.add_argument_group("kubetf")
-    g.add_argument("--data", choices=data.KINDS, default="auto",
-                   help="auto: MNIST if cached or downloadable, else scikit-learn digits (default)")
-    g.add_argument("--data-dir", default=None,
-                   help="MNIST cache directory (default: $KUBETF_CHECKPOINT_DIR/data, else ~/.keras/datasets)")
+    g.add_argument(
+        "--data",
+        choices=data.KINDS,
+        default="auto",
+        help="auto: MNIST if cached or downloadable, else scikit-learn digits (default)",
+    )
+    g.add_argument(
+        "--data-dir",
+        default=None,
+        help="MNIST cache directory (default: $KUBETF_CHECKPOINT_DIR/data, else ~/.keras/datasets)",
+    )
     g.add_argument("--epochs", type=int, default=epochs)
     g.add_argument("--steps-per-epoch", type=int, default=steps_per_epoch)
-    g.add_argument("--batch-size", type=int, default=batch_size,
-                   help="per worker (MWMS) / per replica (Mirrored) / global (ParameterServer)")
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=batch_size,
+        help="per worker (MWMS) / per replica (Mirrored) / global (ParameterServer)",
+    )
     g.add_argument("--learning-rate", type=float, default=learning_rate)
-    g.add_argument("--checkpoint-dir", default=None,
-                   help="overrides $KUBETF_CHECKPOINT_DIR (default: a temp dir per job)")
-    g.add_argument("--backup-freq", default="epoch",
-                   help="BackupAndRestore save_freq: 'epoch' or a number of steps")
-    g.add_argument("--no-preemption-checkpoint", action="store_true",
-                   help="do not save on SIGTERM (MWMS/Mirrored)")
+    g.add_argument(
+        "--checkpoint-dir", default=None, help="overrides $KUBETF_CHECKPOINT_DIR (default: a temp dir per job)"
+    )
+    g.add_argument("--backup-freq", default="epoch", help="BackupAndRestore save_freq: 'epoch' or a number of steps")
+    g.add_argument("--no-preemption-checkpoint", action="store_true", help="do not save on SIGTERM (MWMS/Mirrored)")
     g.add_argument("--eval-steps", type=int, default=None, help="evaluator: batches per evaluation")
-    g.add_argument("--eval-idle-timeout", type=float, default=None,
-                   help="evaluator: stop after this many seconds without a new checkpoint")
+    g.add_argument(
+        "--eval-idle-timeout",
+        type=float,
+        default=None,
+        help="evaluator: stop after this many seconds without a new checkpoint",
+    )
     return parser
 
 
@@ -53,7 +67,5 @@ def task(args: argparse.Namespace) -> TaskInfo:
 
 
 def load_data(args: argparse.Namespace, info: TaskInfo) -> data.Arrays:
-    cache = args.data_dir or (
-        os.path.join(info.checkpoint_root, "data") if info.checkpoint_root else None
-    )
+    cache = args.data_dir or (os.path.join(info.checkpoint_root, "data") if info.checkpoint_root else None)
     return data.load(args.data, cache_dir=cache)

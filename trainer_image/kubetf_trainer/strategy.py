@@ -48,8 +48,8 @@ def run_server(info: TaskInfo | None = None) -> NoReturn:
         config=config,
         start=True,
     )
+    exit_on_sigterm()  # before saying it serves: whoever reads that line may stop it right away
     print(f"kubetf_trainer: {info.role} {info.index} serving on {server.target}", flush=True)
-    exit_on_sigterm()
     # The server runs on its own threads. Sleep in Python rather than in server.join(), so that the
     # SIGTERM handler can run (a signal handler never runs while the main thread waits inside C++).
     while True:

@@ -57,9 +57,7 @@ def standard_callbacks(
         )
     if epoch_checkpoints:
         out.append(
-            tf.keras.callbacks.ModelCheckpoint(
-                os.path.join(info.checkpoints_dir, CKPT_PATTERN), save_weights_only=True
-            )
+            tf.keras.callbacks.ModelCheckpoint(os.path.join(info.checkpoints_dir, CKPT_PATTERN), save_weights_only=True)
         )
     if progress:
         out.append(Progress(info))
@@ -192,9 +190,7 @@ def evaluate_checkpoints(
                 res = model.evaluate(data, verbose=0, return_dict=True, steps=steps)
             res = {k: float(v) for k, v in res.items()}
             loss = res.pop("loss", None)
-            record = emit(
-                "eval", info, checkpoint=os.path.basename(prefix), epoch=epoch, loss=loss, metrics=res
-            )
+            record = emit("eval", info, checkpoint=os.path.basename(prefix), epoch=epoch, loss=loss, metrics=res)
             with open(record_path, "a") as f:
                 f.write(json.dumps({"epoch": epoch, "loss": loss, "metrics": res}) + "\n")
             seen.add(epoch)
