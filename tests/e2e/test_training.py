@@ -93,6 +93,26 @@ def test_mwms_submitted_trains_to_success_and_leaves_the_model_on_the_checkpoint
     running = [p for p in cluster.pods(namespace, "mnist-mwms").values() if p["status"]["phase"] == "Running"]
     assert running == []
 
+    def kubetf(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "kubetf.cli", *args, "-n", namespace],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    assert "Succeeded" in kubetf("status", "mnist-mwms")
+    logs = kubetf("logs", "mnist-mwms").splitlines()
+    assert any(line.startswith("worker-1 | ") for line in logs), logs[-20:]
+    assert any(line.startswith("worker-0 | ") and '"kubetf": "done"' in line for line in logs), logs[-20:]
+    deleted = kubetf("delete", "mnist-mwms")
+    assert "checkpoint PVC mnist-mwms-checkpoint kept" in deleted
+    wait_for(lambda: cluster.job(namespace, "mnist-mwms") is None, 30, "the job deleted")
+    assert cluster.core.read_namespaced_persistent_volume_claim("mnist-mwms-checkpoint", namespace)
+
 
 def test_eviction_restarts_the_group_which_resumes_from_the_last_checkpoint(installed, namespace):
     cluster = installed
