@@ -146,7 +146,7 @@ def reconcile_job(key: Key) -> None:
         if created:
             names = ", ".join(p["metadata"]["name"] for p in created)
             plan.events.append(reconcile.Event("Normal", "CreatedPods", f"Created {names}"))
-    final = reconcile.after_creation(job, plan, pods, created, now)
+    final = reconcile.after_creation(plan, pods, created, now)
     if final != stored:
         client.patch_job_status(job, merge_patch(stored, final))
     for event in plan.events:
@@ -177,12 +177,15 @@ def _count_restarts(original: dict[str, Any], final: dict[str, Any]) -> None:
 
 
 def _record_phase(key: Key, phase: str | None) -> None:
-    if phase is None:
-        PHASES.pop(key, None)
-    else:
+    """Keep the jobs-by-phase gauge current by moving this job between phases (no scan of every job)."""
+    before = PHASES.pop(key, None) if phase is None else PHASES.get(key)
+    if before == phase:
+        return
+    if phase is not None:
         PHASES[key] = phase
-    for each in st.PHASES:
-        metrics.JOBS.labels(phase=each).set(sum(1 for p in PHASES.values() if p == each))
+        metrics.JOBS.labels(phase=phase).inc()
+    if before is not None:
+        metrics.JOBS.labels(phase=before).dec()
 
 
 def merge_patch(old: Any, new: Any) -> Any:

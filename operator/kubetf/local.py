@@ -440,39 +440,20 @@ def load_job(path: str) -> dict[str, Any]:
     return jobs[0]
 
 
-def run_local(
-    job: dict[str, Any],
-    workdir: str | None = None,
-    *,
-    path_map: dict[str, str] | None = None,
-    python: str | None = None,
-    grace_seconds: float = 10.0,
-    evaluator_timeout: float = 120.0,
-    backoff_scale: float = 1.0,
-    extra_env: dict[str, str] | None = None,
-    out: TextIO | None = None,
-) -> int:
+def run_local(job: dict[str, Any], workdir: str | None = None, **options: Any) -> int:
     """Validate the job, run it locally and return its exit code (0: succeeded per successPolicy).
 
-    `path_map` None means `default_path_map()`; give `{}` to run commands untouched.
+    `options` are `LocalJob`'s keyword arguments; `path_map` None means `default_path_map()`, `{}` runs commands
+    untouched.
     """
+    out: TextIO | None = options.get("out")
     err = out or sys.stderr
     problems = api.validate(job)
     if problems:
         for problem in problems:
             err.write(f"{PREFIX}invalid job: {problem}\n")
         return 1
-    local = LocalJob(
-        api.with_defaults(job),
-        workdir,
-        path_map=path_map,
-        python=python,
-        grace_seconds=grace_seconds,
-        evaluator_timeout=evaluator_timeout,
-        backoff_scale=backoff_scale,
-        extra_env=extra_env,
-        out=out,
-    )
+    local = LocalJob(api.with_defaults(job), workdir, **options)
     try:
         return local.run()
     except ValueError as exc:

@@ -27,6 +27,7 @@ class Event:
 
 @dataclass
 class Plan:
+    job: Job  # the job with the CRD's defaults applied
     status: dict[str, Any]
     persist_first: bool = False  # the status holds decisions that must be stored before pods are touched
     delete: list[Pod] = field(default_factory=list)
@@ -45,7 +46,7 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
     job = api.with_defaults(stored)
     status: dict[str, Any] = copy.deepcopy(stored.get("status") or {})
     status.setdefault("restarts", {"failures": 0, "disruptions": 0, "total": 0})
-    result = Plan(status=status)
+    result = Plan(job=job, status=status)
     generation = stored["metadata"].get("generation")
     if generation is not None:
         status["observedGeneration"] = generation
@@ -70,7 +71,8 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
         _finished(job, pods, status, now, result)
         return result
 
-    problems = api.validate(job)
+    # The API server enforced the CRD's schema and CEL rules at create time; what is left is the operator's.
+    problems = api.operator_problems(job)
     if problems:
         transition(st.FAILED, "InvalidSpec", "; ".join(str(p) for p in problems), "Warning")
         _finish(job, pods, status, now, result)
@@ -152,11 +154,9 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
     return result
 
 
-def after_creation(
-    stored: Job, plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], now: float
-) -> dict[str, Any]:
+def after_creation(plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], now: float) -> dict[str, Any]:
     """The status once `created` pods exist beside `pods`: their tasks become Created, and the phase follows."""
-    job = api.with_defaults(stored)
+    job = plan_.job
     status = copy.deepcopy(plan_.status)
     tasks = status.setdefault("tasks", {})
     for pod in created:
@@ -167,7 +167,7 @@ def after_creation(
         return status
     job_with_status = dict(job, status=status)
     views, _ = st.observe(job_with_status, [*pods, *created])
-    generation = stored["metadata"].get("generation")
+    generation = job["metadata"].get("generation")
     _derive_phase(job, views, status.get("phase"), status, lambda p, r, m, *_: _set(status, p, r, m, now, generation))
     return status
 
@@ -186,13 +186,13 @@ def _termination(job: Job, view: TaskView) -> Termination | None:
             return Termination(Outcome.DISRUPTED, "PodDeleted: the pod was deleted while the job ran")
         return None
     termination = policy.classify_pod(pod, restart_policy)
-    if termination is None and st.is_deleting(pod):
+    if termination is not None:
+        return termination
+    reason = policy.disruption_reason(pod)
+    if st.is_deleting(pod):
         # Only stale pods are deleted by the operator while a job runs: anyone else's deletion is a disruption.
-        reason = policy.disruption_reason(pod) or "PodDeleted: the pod is being deleted"
-        return Termination(Outcome.DISRUPTED, reason)
-    if termination is None and policy.disruption_reason(pod):
-        return Termination(Outcome.DISRUPTED, policy.disruption_reason(pod) or "")
-    return termination
+        return Termination(Outcome.DISRUPTED, reason or "PodDeleted: the pod is being deleted")
+    return Termination(Outcome.DISRUPTED, reason) if reason else None
 
 
 def _restart(

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,18 @@ class KubeCluster:
         if check and result.returncode != 0:
             pytest.fail(f"kubectl {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
+
+
+def wait_for(predicate: Any, timeout: float = 15.0, what: str = "condition", interval: float = 0.05) -> Any:
+    """Poll until `predicate()` is truthy and return it; fail the test with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 def _add_bin_dir_to_path() -> None:

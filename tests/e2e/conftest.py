@@ -6,8 +6,6 @@ The session builds and loads the images (`make images`), installs the chart into
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -20,7 +18,9 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from tests.integration.conftest import Cluster, wait_for
+from kubetf import jobctl
+from tests.cluster.fixture import wait_for
+from tests.integration.conftest import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "kubetf-system"
@@ -113,13 +113,7 @@ def progress(cluster: Cluster, namespace: str, pod: str) -> list[dict]:
         text = cluster.core.read_namespaced_pod_log(pod, namespace)
     except ApiException:
         return []
-    records = []
-    for line in text.splitlines():
-        start = line.find('{"kubetf"')
-        if start >= 0:
-            with contextlib.suppress(ValueError):
-                records.append(json.loads(line[start:]))
-    return records
+    return [r for r in map(jobctl.progress_line, text.splitlines()) if r]
 
 
 def wait_progress(cluster: Cluster, namespace: str, pod: str, predicate, what: str, timeout: float = 300) -> list:

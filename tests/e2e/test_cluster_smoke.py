@@ -3,7 +3,6 @@ shared storage. Runs on whatever `kube_cluster` gives (the local cluster, kind, 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,21 +11,12 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from tests.cluster.fixture import wait_for
+
 pytestmark = pytest.mark.e2e
 
 IMAGE = "kubetf/python-base:bookworm"
 CRD_GROUP = "smoke.kubetf.test"
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +33,7 @@ def core(api) -> client.CoreV1Api:
 def ns(core) -> Iterator[str]:
     name = f"smoke-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name}})
-    wait_until(lambda: _has_default_sa(core, name), 60, f"the default service account in {name}")
+    wait_for(lambda: _has_default_sa(core, name), 60, f"the default service account in {name}")
     yield name
     core.delete_namespace(name)
 
@@ -82,7 +72,7 @@ def pod_manifest(name: str, script: str, **spec: Any) -> dict:
 def run_pod(core: client.CoreV1Api, ns: str, name: str, script: str, timeout: float = 120, **spec: Any):
     """Create a pod and wait for it to finish; return (pod, logs)."""
     core.create_namespaced_pod(ns, pod_manifest(name, script, **spec))
-    pod = wait_until(lambda: _finished(core, ns, name), timeout, f"pod {name} to finish")
+    pod = wait_for(lambda: _finished(core, ns, name), timeout, f"pod {name} to finish")
     return pod, core.read_namespaced_pod_log(name, ns)
 
 
@@ -161,7 +151,7 @@ def web(core, ns) -> client.V1Pod:
             "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
         },
     )
-    return wait_until(lambda: _running_ready(core, ns, "web"), 120, "pod web to be ready")
+    return wait_for(lambda: _running_ready(core, ns, "web"), 120, "pod web to be ready")
 
 
 def test_two_pods_talk_over_the_pod_network(core, ns, web):
@@ -224,7 +214,7 @@ def test_garbage_collector_deletes_owned_pod(core, ns):
         except ApiException as error:
             return error.status == 404
 
-    wait_until(gone, 90, "the garbage collector to delete the owned pod")
+    wait_for(gone, 90, "the garbage collector to delete the owned pod")
 
 
 def test_gpu_requests_are_scheduled_for_real(core, ns):
@@ -244,7 +234,7 @@ def test_gpu_requests_are_scheduled_for_real(core, ns):
             (c for c in pod.status.conditions or [] if c.type == "PodScheduled" and c.reason == "Unschedulable"), None
         )
 
-    condition = wait_until(unschedulable, 60, "the scheduler to mark the pod Unschedulable")
+    condition = wait_for(unschedulable, 60, "the scheduler to mark the pod Unschedulable")
     assert "nvidia.com/gpu" in condition.message
     pod = core.read_namespaced_pod("gpu-too-many", ns)
     assert pod.status.phase == "Pending" and not pod.spec.node_name
@@ -287,12 +277,12 @@ def test_api_server_enforces_crd_schema(api, ns):
     }
     try:
         ext.delete_custom_resource_definition(name)
-        wait_until(lambda: _crd_absent(ext, name), 60, "the old test CRD to go")
+        wait_for(lambda: _crd_absent(ext, name), 60, "the old test CRD to go")
     except ApiException as error:
         assert error.status == 404
     ext.create_custom_resource_definition(crd)
     try:
-        wait_until(lambda: _crd_established(ext, name), 60, "the CRD to be established")
+        wait_for(lambda: _crd_established(ext, name), 60, "the CRD to be established")
 
         def create(spec: dict):
             body = {
@@ -304,7 +294,7 @@ def test_api_server_enforces_crd_schema(api, ns):
             return custom.create_namespaced_custom_object(CRD_GROUP, "v1", ns, "widgets", body)
 
         # the discovery cache of a fresh CRD can lag a moment: retry the valid create until it is served
-        wait_until(lambda: _try(create, {"size": 3}), 30, "a valid Widget to be accepted")
+        wait_for(lambda: _try(create, {"size": 3}), 30, "a valid Widget to be accepted")
         for spec, expected in [
             ({"size": "three"}, "spec.size"),
             ({"size": 11}, "spec.size"),
@@ -356,7 +346,7 @@ def test_claim_data_written_by_one_pod_is_read_by_the_next(core, ns, mode):
             "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}},  # the default class
         },
     )
-    pvc = wait_until(lambda: _bound(core, ns, claim), 60, f"claim {claim} to be bound")
+    pvc = wait_for(lambda: _bound(core, ns, claim), 60, f"claim {claim} to be bound")
     volume = {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}
     mount = {"volumeMounts": [{"name": "data", "mountPath": "/data"}]}
     token = uuid.uuid4().hex
@@ -385,4 +375,4 @@ def test_claim_data_written_by_one_pod_is_read_by_the_next(core, ns, mode):
             except ApiException as error:
                 return error.status == 404
 
-        wait_until(volume_gone, 90, f"volume {volume_name} to be deleted with its claim")
+        wait_for(volume_gone, 90, f"volume {volume_name} to be deleted with its claim")

@@ -8,7 +8,7 @@ import yaml
 from kubernetes import client
 
 from kubetf import api
-from tests.integration.conftest import wait_for
+from tests.cluster.fixture import wait_for
 
 from .conftest import OPERATOR_NAMESPACE, create, elapsed, progress, sample, wait_progress
 

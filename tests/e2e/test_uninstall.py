@@ -4,7 +4,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kubetf import api
-from tests.integration.conftest import replica, wait_for
+from tests.cluster.fixture import wait_for
+from tests.integration.conftest import replica
 
 from .conftest import OPERATOR_NAMESPACE, RELEASE, helm
 

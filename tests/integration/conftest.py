@@ -23,6 +23,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from kubetf import api
+from tests.cluster.fixture import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSCHEDULED = "kubetf-test-unscheduled"
@@ -32,18 +33,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/integration/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
-
-
-def wait_for(predicate, timeout: float = 15.0, what: str = "condition", interval: float = 0.05):
-    """Poll until `predicate()` is truthy; fail with the last value seen."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 class Cluster:

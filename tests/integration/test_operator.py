@@ -7,8 +7,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubetf import api
+from tests.cluster.fixture import wait_for
 
-from .conftest import replica, wait_for
+from .conftest import replica
 
 PS_SPEC = {
     "strategy": "ParameterServer",

@@ -47,7 +47,7 @@ class Sim:
             pod["status"] = {"phase": "Pending"}
             self.pods[name] = pod
             created.append(pod)
-        final = reconcile.after_creation(self.job, plan, pods, created, self.now)
+        final = reconcile.after_creation(plan, pods, created, self.now)
         if final != (self.job.get("status") or {}):
             self.job["status"] = final
             self.writes += 1
