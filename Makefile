@@ -39,9 +39,10 @@ venv: $(VENV)/.installed ## .venv with the project, the dev tools and TensorFlow
 tools: ## kubectl and helm under ~/.cache/kubetf/bin
 	$(CLUSTER) tools
 
-lint: venv ## ruff and mypy
+lint: venv ## ruff, mypy and the import contracts (pure modules do no I/O)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 manifests: ## copy the CRD (the single source) to manifests/ and the chart; re-render the kubectl install path
 	cp $(CRD) manifests/crd/

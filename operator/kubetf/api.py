@@ -40,6 +40,8 @@ LABEL_ROLE = "kubetf.io/role"
 LABEL_INDEX = "kubetf.io/index"
 LABEL_ATTEMPT = "kubetf.io/attempt"
 MANAGER = "kubetf"
+# Every pod the operator creates, and nothing else: what its watch asks the API server for.
+MANAGED_PODS_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
 
 TRAINING_CONTAINER = "tensorflow"
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -10,6 +10,7 @@ from typing import Any, TextIO, TypeVar
 import yaml
 
 from kubetf import api, builders, jobctl, kube, local
+from kubetf.config import DEFAULTS, OperatorConfig
 from kubetf.convert import ConversionError, convert
 from kubetf.kube import Kube
 
@@ -106,33 +107,25 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    import kopf
-    from prometheus_client import start_http_server
-
-    from kubetf import handlers
+    from kubetf import runner
 
     kube.load_config(args.kubeconfig)
-    handlers.QPS, handlers.BURST, handlers.VERBOSE = args.qps, args.burst, args.verbose
-    kopf.configure(
-        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN, verbose=args.verbose
-    )
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
-    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
-    namespaces = args.namespace or []
-    handlers.log.info("kubetf operator watching %s", ", ".join(namespaces) or "all namespaces")
-    kopf.run(
-        standalone=True,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=liveness,
-    )
-    return 0
+    config = OperatorConfig(
+        namespaces=tuple(args.namespace or ()),
+        qps=args.qps,
+        burst=args.burst,
+        workers=args.workers,
+        leader_election=args.leader_election,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
+        verbose=args.verbose,
+    ).with_runtime_defaults()
+    return runner.run(config, args.liveness_port, args.metrics_port, json_logs=args.log_format == "json")
 
 
 def _cluster(args: argparse.Namespace) -> Kube:
     kube.load_config(args.kubeconfig)
-    return Kube()
+    return Kube(DEFAULTS.qps, DEFAULTS.burst)
 
 
 def _namespace(args: argparse.Namespace) -> str:
@@ -252,8 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz here (0: off)")
     operator.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here (0: off)")
     operator.add_argument("--log-format", choices=["json", "plain"], default="json")
-    operator.add_argument("--qps", type=float, default=100, help="client-side API rate limit, requests/s")
-    operator.add_argument("--burst", type=int, default=200, help="requests allowed above --qps in a burst")
+    operator.add_argument("--qps", type=float, default=DEFAULTS.qps, help="client-side API rate limit, requests/s")
+    operator.add_argument("--burst", type=int, default=DEFAULTS.burst, help="requests allowed above --qps in a burst")
+    operator.add_argument("--workers", type=int, default=DEFAULTS.workers, help="jobs reconciled in parallel")
+    operator.add_argument(
+        "--no-leader-election", dest="leader_election", action="store_false",
+        help="act at once, without the Lease (only when no other kubetf operator can run)",
+    )  # fmt: skip
+    operator.add_argument(
+        "--lease-namespace", default=DEFAULTS.lease_namespace,
+        help="namespace of the leader Lease (in a pod: the pod's own namespace)",
+    )  # fmt: skip
+    operator.add_argument("--lease-name", default=DEFAULTS.lease_name, help="name of the leader Lease")
     operator.add_argument("-v", "--verbose", action="store_true")
     operator.set_defaults(handler=cmd_operator)
     return parser

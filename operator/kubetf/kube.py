@@ -12,8 +12,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, config
@@ -24,6 +25,24 @@ from kubetf import api, metrics
 log = logging.getLogger("kubetf.kube")
 
 Obj = dict[str, Any]
+
+# The objects of the operator's domain: writing them is the leader's alone (leases are not among them).
+GUARDED_RESOURCES = {api.PLURAL, f"{api.PLURAL}/status", "pod", "pods", "service", "persistentvolumeclaim", "events"}
+PAGE_SIZE = 500
+
+
+class NotLeader(Exception):
+    """A write refused because this operator does not hold the leader lease (any more)."""
+
+
+@dataclass
+class Creation:
+    """What one batched creation did: created objects, names already taken, names not created and why."""
+
+    created: list[Obj] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    error: Exception | None = None
 
 
 class RateLimiter:
@@ -57,19 +76,32 @@ def load_config(kubeconfig: str | None = None) -> None:
 
 
 class Kube:
-    def __init__(self, qps: float = 50, burst: int = 100, timeout: tuple[float, float] = (5, 30)) -> None:
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        timeout: tuple[float, float] = (5, 30),
+        may_write: Callable[[], bool] | None = None,
+        instance: str | None = None,
+    ) -> None:
         configuration = client.Configuration.get_default_copy()
         configuration.connection_pool_maxsize = 32
         self.api_client = client.ApiClient(configuration)
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
+        self.coordination = client.CoordinationV1Api(self.api_client)
         self.limiter = RateLimiter(qps, burst)
         self.timeout = timeout
+        self.may_write = may_write
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubetf-api")
-        self.instance = socket.gethostname()
+        self.instance = instance or socket.gethostname()
 
     def _call(self, verb: str, resource: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        writing = verb not in ("get", "list") and resource in GUARDED_RESOURCES
+        if writing and self.may_write is not None and not self.may_write():
+            raise NotLeader(f"{verb} {resource}: this operator does not hold the leader lease")
         self.limiter.acquire()
+        metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
         try:
             response = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
         except ApiException as error:
@@ -134,12 +166,37 @@ class Kube:
 
     # ------------------------------------------------------------------ children
 
-    def list_pods(self, namespace: str, job_name: str) -> list[Obj]:
+    def list_pods(self, namespace: str, job_name: str) -> tuple[list[Obj], int]:
+        """The job's pods and the list's resourceVersion."""
         result = self._call(
             "list", "pods", self.core.list_namespaced_pod, namespace, label_selector=f"{api.LABEL_JOB}={job_name}"
         )
         items: list[Obj] = result["items"]
-        return items
+        return items, int(result["metadata"].get("resourceVersion") or 0)
+
+    def list_paged(self, resource: str, namespaces: Iterable[str], label_selector: str = "") -> Iterator[Obj]:
+        """Every pod or TrainingJob (resource "pods" or the plural) in `namespaces` (none: all), page by page."""
+        for namespace in list(namespaces) or [""]:
+            token = None
+            while True:
+                kwargs: dict[str, Any] = {"limit": PAGE_SIZE, "label_selector": label_selector}
+                if token:
+                    kwargs["_continue"] = token
+                fn, args = self._lister(resource, namespace)
+                page = self._call("list", resource, fn, *args, **kwargs)
+                yield from page["items"]
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    break
+
+    def _lister(self, resource: str, namespace: str) -> tuple[Any, tuple[str, ...]]:
+        if resource == "pods":
+            if namespace:
+                return self.core.list_namespaced_pod, (namespace,)
+            return self.core.list_pod_for_all_namespaces, ()
+        if namespace:
+            return self.custom.list_namespaced_custom_object, (api.GROUP, api.VERSION, namespace, resource)
+        return self.custom.list_cluster_custom_object, (api.GROUP, api.VERSION, resource)
 
     def create(self, obj: Obj) -> Obj | None:
         """Create a Pod, Service or PVC. Returns the object, or None when one of that name already exists."""
@@ -162,6 +219,37 @@ class Kube:
     def create_all(self, objects: Iterable[Obj]) -> list[Obj]:
         """Create in parallel; returns those this call created (a name already taken is for the next reconcile)."""
         return [created for created in self.pool.map(self.create, objects) if created is not None]
+
+    def create_batched(self, objects: list[Obj], first_batch: int) -> Creation:
+        """Create in parallel batches that double in size from `first_batch`; stop after a batch with an error,
+        so an object the API server refuses costs a few calls, not one per replica (the Job controller's
+        slow start)."""
+        result = Creation()
+        start, size = 0, max(1, first_batch)
+        while start < len(objects):
+            batch = objects[start : start + size]
+            outcomes = list(self.pool.map(self._create_outcome, batch))
+            for obj, outcome in zip(batch, outcomes, strict=True):
+                name = obj["metadata"]["name"]
+                if isinstance(outcome, Exception):
+                    result.skipped.append(name)
+                    result.error = result.error or outcome
+                elif outcome is None:
+                    result.existing.append(name)
+                else:
+                    result.created.append(outcome)
+            start += len(batch)
+            if result.error is not None:
+                result.skipped += [o["metadata"]["name"] for o in objects[start:]]
+                break
+            size *= 2
+        return result
+
+    def _create_outcome(self, obj: Obj) -> Obj | Exception | None:
+        try:
+            return self.create(obj)
+        except Exception as error:  # reported by create_batched, raised by its caller
+            return error
 
     def delete_pods(self, pods: Iterable[Obj]) -> None:
         list(self.pool.map(self.delete_pod, pods))
@@ -194,6 +282,22 @@ class Kube:
         )
         items: list[Obj] = result["items"]
         return items
+
+    # ------------------------------------------------------------------ leader election
+
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        return self._get("leases", self.coordination.read_namespaced_lease, name, namespace)
+
+    def create_lease(self, namespace: str, body: Obj) -> Obj:
+        created: Obj = self._call("create", "leases", self.coordination.create_namespaced_lease, namespace, body)
+        return created
+
+    def replace_lease(self, namespace: str, name: str, body: Obj) -> Obj:
+        """Write the lease; the body's resourceVersion makes it fail (409) if someone wrote it meanwhile."""
+        replaced: Obj = self._call(
+            "update", "leases", self.coordination.replace_namespaced_lease, name, namespace, body
+        )
+        return replaced
 
     # ------------------------------------------------------------------ events
 

@@ -10,4 +10,7 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 RECONCILE_ERRORS = Counter("kubetf_reconcile_errors_total", "Reconciles that raised")
+API_REQUESTS = Counter("kubetf_api_requests_total", "Kubernetes API requests sent", ["verb", "resource"])
+QUEUE_DEPTH = Gauge("kubetf_workqueue_depth", "Jobs waiting for a reconcile")
+LEADER = Gauge("kubetf_leader", "1 while this operator holds the leader lease")
 API_ERRORS = Counter("kubetf_api_errors_total", "Kubernetes API errors", ["verb", "resource", "code"])

@@ -202,3 +202,16 @@ def set_condition(
 
 def current_condition(status: dict[str, Any]) -> dict[str, Any] | None:
     return next((c for c in status.get("conditions") or [] if c.get("status") == "True"), None)
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """RFC 7386 merge patch turning status `old` into `new` (removed keys become null)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        if k not in old:
+            patch[k] = v
+        elif old[k] != v:
+            patch[k] = merge_patch(old[k], v)
+    return patch

@@ -1,57 +1,55 @@
 """The reconcile decisions, step by step, with pods driven the way the kubelet and the scheduler would."""
 
-import copy
-
 import pytest
 
-from kubetf import reconcile
 from kubetf import status as st
+from kubetf.config import OperatorConfig
+from kubetf.controller import Controller
 
+from .fake_api import FakeApi
 from .jobs import job, replica
 
 T0 = 1_800_000_000.0
 
 
 class Sim:
-    """Carries plans out like handlers.reconcile_job does, on in-memory pods."""
+    """The real reconcile shell (`Controller.reconcile`) on an in-memory API whose watch delivers every event
+    before each step; the test plays the kubelet, the scheduler and users."""
 
     def __init__(self, document, now=T0):
-        self.job = copy.deepcopy(document)
-        self.job["metadata"].setdefault("generation", 1)
-        self.pods = {}
         self.now = now
+        self.api = FakeApi(clock=lambda: self.now)
+        self.controller = Controller(self.api, OperatorConfig(), clock=lambda: self.now)
+        created = self.api.add_job(document)
+        self.key = (created["metadata"]["namespace"], created["metadata"]["name"])
         self.plans = []
-        self.writes = 0
-        self.uid = 0
 
     def step(self, advance=0.0):
         self.now += advance
-        pods = list(copy.deepcopy(self.pods).values())
-        plan = reconcile.plan(self.job, pods, self.now)
+        self.api.deliver(self.controller)
+        writes = self.api.calls.count("patch status")
+        plan = self.controller.reconcile(self.key)
+        assert plan is not None, "the reconcile waited for watch events that were all delivered"
         self.plans.append(plan)
-        stored = self.job.get("status") or {}
-        if plan.persist_first and plan.status != stored:
-            self.job["status"] = copy.deepcopy(plan.status)
-            self.writes += 1
-        for pod in plan.delete:
-            self.pods[pod["metadata"]["name"]]["metadata"]["deletionTimestamp"] = st.format_time(self.now)
-        created = []
-        for pod in plan.create:
-            name = pod["metadata"]["name"]
-            if name in self.pods:
-                continue
-            pod = copy.deepcopy(pod)
-            self.uid += 1
-            pod["metadata"]["uid"] = f"uid-{self.uid}"
-            pod["metadata"]["creationTimestamp"] = st.format_time(self.now)
-            pod["status"] = {"phase": "Pending"}
-            self.pods[name] = pod
-            created.append(pod)
-        final = reconcile.after_creation(plan, pods, created, self.now)
-        if final != (self.job.get("status") or {}):
-            self.job["status"] = final
-            self.writes += 1
+        self.writes += self.api.calls.count("patch status") - writes
+        self.api.deliver(self.controller)
         return plan
+
+    writes = 0
+
+    def restart_operator(self):
+        """A new operator process: an empty cache, primed from the API, and the watch starting afresh."""
+        self.api.events.clear()
+        self.controller = Controller(self.api, OperatorConfig(), clock=lambda: self.now)
+        self.controller.prime()
+
+    @property
+    def job(self):
+        return self.api.jobs[self.key]
+
+    @property
+    def pods(self):
+        return self.api.pods
 
     # --- what the kubelet and others do
     def run(self, *names):
@@ -59,12 +57,14 @@ class Sim:
             pod = self.pods[name]
             if pod["status"]["phase"] == "Pending" and "deletionTimestamp" not in pod["metadata"]:
                 pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+                self.api.update_pod(name)
 
     def exit(self, name, code, **terminated):
         self.pods[name]["status"] = {
             "phase": "Succeeded" if code == 0 else "Failed",
             "containerStatuses": [{"name": "tensorflow", "state": {"terminated": {"exitCode": code, **terminated}}}],
         }
+        self.api.update_pod(name)
 
     def evict(self, name):
         pod = self.pods[name]
@@ -77,10 +77,12 @@ class Sim:
             }
         )
         pod["metadata"]["deletionTimestamp"] = st.format_time(self.now)
+        self.api.update_pod(name)
 
     def gone(self):
         """Pods being deleted finish terminating."""
-        self.pods = {n: p for n, p in self.pods.items() if "deletionTimestamp" not in p["metadata"]}
+        for name in [n for n, p in self.pods.items() if "deletionTimestamp" in p["metadata"]]:
+            self.api.remove_pod(name)
 
     def attempt(self, name):
         return self.pods[name]["metadata"]["labels"]["kubetf.io/attempt"]
@@ -218,7 +220,7 @@ def test_worker_failure_counts_and_backs_off_then_fails_past_the_limit():
 
 def test_ps_worker_deleted_is_recreated_alone_with_the_same_name():
     sim = started(ps_job())
-    del sim.pods["mnist-worker-1"]
+    sim.api.remove_pod("mnist-worker-1")
     plan = sim.step()
     assert [p["metadata"]["name"] for p in plan.create] == ["mnist-worker-1"]
     assert plan.delete == []
@@ -265,7 +267,7 @@ def test_chief_success_stops_the_rest_and_never_reruns_completed_workers():
     sim.exit("mnist-worker-0", 0)
     sim.step()
     assert sim.status["tasks"]["worker-0"]["state"] == "Succeeded"
-    del sim.pods["mnist-worker-0"]
+    sim.api.remove_pod("mnist-worker-0")
     assert sim.step().create == []
     sim.exit("mnist-chief-0", 0)
     plan = sim.step()
@@ -310,6 +312,7 @@ def test_stuck_pending_says_why_then_fails_after_the_startup_timeout():
             }
         ],
     }
+    sim.api.update_pod("mnist-worker-1")
     plan = sim.step(5)
     assert sim.status["phase"] == "Pending"
     assert sim.status["reason"] == "ImagePullBackOff"
@@ -326,11 +329,12 @@ def test_unschedulable_reason_comes_from_the_scheduler():
     sim = Sim(mwms_job())
     sim.step()
     message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
-    for pod in sim.pods.values():
+    for name, pod in sim.pods.items():
         pod["status"] = {
             "phase": "Pending",
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
         }
+        sim.api.update_pod(name)
     sim.step()
     assert sim.status["reason"] == "Unschedulable"
     assert message in sim.condition()["message"]
@@ -354,6 +358,7 @@ def test_suspend_deletes_pods_keeps_counters_and_resume_recreates():
     sim.run()
     sim.step()
     sim.job["spec"]["runPolicy"]["suspend"] = True
+    sim.api.update_job(sim.key)
     plan = sim.step()
     assert sim.status["phase"] == "Suspended"
     assert len(plan.delete) == 3
@@ -361,6 +366,7 @@ def test_suspend_deletes_pods_keeps_counters_and_resume_recreates():
     assert sim.step().create == []
     assert sim.status["restarts"]["disruptions"] == 1
     sim.job["spec"]["runPolicy"]["suspend"] = False
+    sim.api.update_job(sim.key)
     plan = sim.step()
     assert len(plan.create) == 3
     assert sim.status["restarts"]["disruptions"] == 1
@@ -399,11 +405,13 @@ def test_phase_and_condition_always_agree():
 def test_pods_created_by_an_operator_that_died_before_recording_them_are_adopted():
     sim = Sim(mwms_job())
     plan = sim.step()
-    # The same creation replayed by a new operator: the status never recorded the pods.
+    # The operator died after creating the pods, before recording them; a new one starts.
     sim.job["status"] = {}
+    sim.api.update_job(sim.key)
+    sim.restart_operator()
     plan = sim.step()
     assert plan.create == []
     assert {t["state"] for t in sim.status["tasks"].values()} == {"Created"}
-    del sim.pods["mnist-worker-0"]
+    sim.api.remove_pod("mnist-worker-0")
     sim.step()
     assert sim.status["restarts"]["disruptions"] == 1

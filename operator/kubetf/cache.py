@@ -1,0 +1,182 @@
+"""What the watches delivered: every TrainingJob, and the pods of each job, so reconciles read no API.
+
+Objects are kept slim (only the fields the decisions read) and as compact JSON: at 10,000 jobs and 50,000 pods
+parsed dicts would cost several hundred MiB, strings a fraction of that. A reconcile parses the few it needs.
+An event older than what is stored (by resourceVersion) is ignored: a write's own response may arrive first.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from kubetf import api, policy
+from kubetf import status as st
+
+Key = tuple[str, str]  # (namespace, name)
+Obj = dict[str, Any]
+
+_DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+def resource_version(obj: Mapping[str, Any]) -> int:
+    """etcd's revision: resourceVersions are opaque by contract, integers in every API server that exists."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def slim_job(job: Mapping[str, Any]) -> Obj:
+    meta = {k: v for k, v in (job.get("metadata") or {}).items() if k != "managedFields"}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _DROPPED_ANNOTATIONS}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    return {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "metadata": meta, **_rest(job)}
+
+
+def _rest(job: Mapping[str, Any]) -> Obj:
+    return {k: job[k] for k in ("spec", "status") if k in job}
+
+
+def slim_pod(pod: Mapping[str, Any]) -> Obj:
+    """The fields status.py and policy.py read: identity, labels, the containers' names, the status."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    slim_meta = {
+        k: meta[k]
+        for k in ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
+        if k in meta
+    }
+    slim_spec: Obj = {"containers": [{"name": c.get("name")} for c in spec.get("containers") or []]}
+    if spec.get("nodeName"):
+        slim_spec["nodeName"] = spec["nodeName"]
+    slim_status = {
+        k: status[k]
+        for k in ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses")
+        if k in status
+    }
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in slim_status:
+            slim_status[key] = [{k: c[k] for k in ("name", "ready", "state") if k in c} for c in slim_status[key] or []]
+    if "conditions" in slim_status:
+        kept = ("type", "status", "reason", "message")
+        slim_status["conditions"] = [{k: c[k] for k in kept if k in c} for c in slim_status["conditions"] or []]
+    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
+
+
+def pod_signature(pod: Obj) -> tuple[Any, ...]:
+    """What the decisions read of a pod: an event that leaves it unchanged needs no reconcile."""
+    status = pod.get("status") or {}
+    return (
+        status.get("phase"),
+        st.is_deleting(pod),
+        st.is_ready(pod),
+        st.pending_reason(pod),
+        policy.disruption_reason(pod),
+    )
+
+
+def _encode(obj: Obj) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class Store:
+    """Thread-safe: the watch handlers write, the reconcile workers read."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: dict[Key, tuple[int, str]] = {}
+        self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...]]]] = {}  # job -> pod name -> entry
+
+    # ------------------------------------------------------------------ jobs
+
+    def put_job(self, job: Obj) -> bool:
+        """Store a job unless a version as new is stored; True when it changed what is stored."""
+        key = (api.namespace(job), api.name(job))
+        version = resource_version(job)
+        with self.lock:
+            current = self.jobs.get(key)
+            if current is not None and version and current[0] >= version:
+                return False
+            self.jobs[key] = (version, _encode(slim_job(job)))
+            return True
+
+    def job(self, key: Key) -> Obj | None:
+        with self.lock:
+            entry = self.jobs.get(key)
+        return json.loads(entry[1]) if entry else None
+
+    def remove_job(self, key: Key) -> None:
+        with self.lock:
+            self.jobs.pop(key, None)
+
+    def job_keys(self) -> list[Key]:
+        with self.lock:
+            return list(self.jobs)
+
+    def job_count(self) -> int:
+        with self.lock:
+            return len(self.jobs)
+
+    # ------------------------------------------------------------------ pods
+
+    def put_pod(self, job: Key, pod: Mapping[str, Any]) -> bool:
+        """Store a pod of `job`; True when what the decisions read of it changed (or it is new)."""
+        slim = slim_pod(pod)
+        name = slim["metadata"]["name"]
+        version = resource_version(slim)
+        signature = pod_signature(slim)
+        with self.lock:
+            pods = self.pods.setdefault(job, {})
+            current = pods.get(name)
+            if current is not None and version and current[0] >= version:
+                return False
+            pods[name] = (version, _encode(slim), signature)
+            return current is None or current[2] != signature
+
+    def remove_pod(self, job: Key, name: str) -> bool:
+        with self.lock:
+            pods = self.pods.get(job)
+            if pods is None or pods.pop(name, None) is None:
+                return False
+            if not pods:
+                del self.pods[job]
+            return True
+
+    def job_pods(self, job: Key) -> list[Obj]:
+        with self.lock:
+            entries = list((self.pods.get(job) or {}).values())
+        return [json.loads(entry[1]) for entry in entries]
+
+    def replace_pods(self, job: Key, pods: list[Obj], list_version: int) -> bool:
+        """Reconcile the job's pods with a fresh list from the API, taken at `list_version`: pods stored with an
+        older version and missing from it are gone (a watch gap hid their deletion). True when that changed any."""
+        fresh = {}
+        for pod in pods:
+            slim = slim_pod(pod)
+            fresh[slim["metadata"]["name"]] = (resource_version(slim), _encode(slim), pod_signature(slim))
+        changed = False
+        with self.lock:
+            current = self.pods.setdefault(job, {})
+            for name, entry in list(current.items()):
+                if name not in fresh and entry[0] <= list_version:
+                    del current[name]
+                    changed = True
+            for name, entry in fresh.items():
+                stored = current.get(name)
+                if stored is None or stored[0] < entry[0]:
+                    current[name] = entry
+                    changed = True
+            if not current:
+                del self.pods[job]
+        return changed
+
+    def pod_count(self) -> int:
+        with self.lock:
+            return sum(len(p) for p in self.pods.values())

@@ -1,0 +1,238 @@
+"""The reconcile shell: watch events in, one reconcile per job at a time, the plan carried out through `Kube`.
+
+Reads come from the cache the watches fill (`cache.Store`); the pure decision is `reconcile.plan`; writes go
+through `kube.Kube`. A job whose own creates or deletes the watch has not shown yet waits for them
+(`workqueue.Expectations`). Reconciles are ordered by urgency: a pod that ended goes before new jobs' creations,
+which go before safety resyncs.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubetf import api, metrics, reconcile
+from kubetf import status as st
+from kubetf.cache import Key, Store
+from kubetf.config import OperatorConfig
+from kubetf.kube import Kube, NotLeader
+from kubetf.reconcile import Plan
+from kubetf.workqueue import Expectations, ShutDown, WorkQueue
+
+log = logging.getLogger("kubetf.operator")
+
+# Priorities: lower runs first.
+URGENT = 0  # a pod ended, vanished or is being taken away: a restart is due
+NORMAL = 1  # a new or changed job, a pod that started, a timer
+RESYNC = 2  # the periodic safety re-read
+
+
+class Controller:
+    def __init__(self, kube: Kube, config: OperatorConfig, clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.config, self.clock = kube, config, clock
+        self.store = Store()
+        self.queue: WorkQueue[Key] = WorkQueue(config.error_backoff_first, config.error_backoff_cap, clock)
+        self.expectations: Expectations[Key] = Expectations(config.expectations_timeout, clock)
+        self.deferred: dict[Key, int] = {}  # jobs that waited for expectations: reconcile once they are met
+        self.lock = threading.Lock()
+        self.phases: dict[Key, str] = {}
+        self.threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def prime(self) -> None:
+        """Fill the cache with a paged list of jobs and of the operator's pods before any reconcile, so that no
+        job is ever judged on a partial view of its pods (a restarted operator would see them all 'vanished')."""
+        namespaces = self.config.namespaces
+        for job in self.kube.list_paged(api.PLURAL, namespaces):
+            self.store.put_job(job)
+        for pod in self.kube.list_paged("pods", namespaces, api.MANAGED_PODS_SELECTOR):
+            key = _pod_job(pod)
+            if key is not None:
+                self.store.put_pod(key, pod)
+        for key in self.store.job_keys():
+            self.queue.add(key, NORMAL)
+        log.info("cache primed: %d jobs, %d pods", self.store.job_count(), self.store.pod_count())
+
+    def start(self) -> None:
+        for i in range(self.config.workers):
+            thread = threading.Thread(target=self._work, name=f"kubetf-reconcile-{i}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def stop(self) -> None:
+        self.queue.shutdown()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                key, priority = self.queue.get()
+            except ShutDown:
+                return
+            metrics.QUEUE_DEPTH.set(len(self.queue))
+            try:
+                self.reconcile(key, priority)
+                self.queue.forget(key)
+            except NotLeader as error:
+                log.warning("%s/%s: %s", *key, error)
+            except Exception:
+                metrics.RECONCILE_ERRORS.inc()
+                delay = self.queue.retry(key, priority)
+                log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
+            finally:
+                self.queue.done(key)
+
+    # ------------------------------------------------------------------ watch events (called on kopf's loop: no I/O)
+
+    def job_event(self, type_: str | None, job: Mapping[str, Any]) -> None:
+        key = (api.namespace(dict(job)), api.name(dict(job)))
+        if type_ == "DELETED":
+            self.store.remove_job(key)
+            self.expectations.forget(key)
+            self._record_phase(key, None)
+            return
+        if self.store.put_job(dict(job)):  # the echo of the operator's own status write changes nothing
+            self.queue.add(key, NORMAL)
+
+    def pod_event(self, type_: str | None, pod: Mapping[str, Any]) -> None:
+        key = _pod_job(pod)
+        if key is None:
+            return
+        meta = pod.get("metadata") or {}
+        deleted = type_ == "DELETED"
+        gone = deleted or bool(meta.get("deletionTimestamp"))
+        satisfied = self.expectations.observe(key, meta.get("name", ""), meta.get("uid", ""), gone)
+        changed = self.store.remove_pod(key, meta.get("name", "")) if deleted else self.store.put_pod(key, pod)
+        if changed:
+            phase = (pod.get("status") or {}).get("phase")
+            self.queue.add(key, URGENT if gone or phase in ("Succeeded", "Failed") else NORMAL)
+        if satisfied:
+            with self.lock:
+                priority = self.deferred.pop(key, None)
+            if priority is not None:
+                self.queue.add(key, priority)
+
+    # ------------------------------------------------------------------ reconcile
+
+    def reconcile(self, key: Key, priority: int = NORMAL) -> Plan | None:
+        """Reconcile one job; at RESYNC priority (nothing else asked for it) re-read it from the API first.
+        Returns the plan it carried out, None when there was nothing to decide yet."""
+        started = time.monotonic()
+        namespace, name = key
+        waiting_until = self.expectations.waiting_until(key)
+        if waiting_until is not None:
+            with self.lock:
+                self.deferred[key] = min(NORMAL, self.deferred.get(key, NORMAL))
+            self.queue.at(waiting_until, key, NORMAL)  # a lost watch event must not stall the job
+            return None
+        if priority == RESYNC:
+            self._reread(key)
+        job = self.store.job(key)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            self._record_phase(key, None)
+            return None
+        pods = self.store.job_pods(key)
+        now = self.clock()
+        original = job.get("status") or {}
+        plan = reconcile.plan(job, pods, now)
+        stored = original
+        if plan.persist_first and plan.status != stored:
+            job = self._write_status(job, stored, plan.status)
+            stored = plan.status
+        if plan.delete:
+            self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in plan.delete])
+            self.kube.delete_pods(plan.delete)
+        created: list[dict[str, Any]] = []
+        failed: Exception | None = None
+        more_to_create = False
+        if plan.create:
+            # The PVC and Service first, so the scheduler never reports a missing claim for a pod just created.
+            self.kube.create_all(plan.ensure)
+            batch = plan.create[: self.config.creates_per_reconcile]
+            more_to_create = len(plan.create) > len(batch)
+            self.expectations.expect(key, creations=[p["metadata"]["name"] for p in batch])
+            creation = self.kube.create_batched(batch, self.config.first_batch)
+            self.expectations.cancel_creations(key, creation.skipped)
+            created = creation.created
+            for pod in created:
+                self.store.put_pod(key, pod)  # its ADDED event then brings nothing new: no reconcile for it
+            if created:
+                names = ", ".join(p["metadata"]["name"] for p in created)
+                plan.events.append(reconcile.Event("Normal", "CreatedPods", f"Created {names}"))
+            failed = creation.error
+        final = reconcile.after_creation(plan, pods, created, now)
+        if final != stored:
+            self._write_status(job, stored, final)
+        for event in plan.events:
+            self.kube.event(job, event.type, event.reason, event.message)
+        _count_restarts(original, final)
+        self._record_phase(key, final.get("phase"))
+        if failed is not None:
+            raise failed  # what was created is recorded; the rest is retried with this job's backoff
+        if plan.delete_job:
+            log.info("deleting %s/%s: ttlSecondsAfterFinished passed", namespace, name)
+            self.kube.delete_job(namespace, name, job["metadata"]["uid"])
+            return plan
+        if more_to_create:
+            self.queue.add(key, NORMAL)  # to the back of the line: other jobs' creations go in between
+        self._schedule(key, plan, final, now)
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        return plan
+
+    def _write_status(self, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        updated = self.kube.patch_job_status(job, st.merge_patch(stored, status))
+        if updated is None:
+            return job
+        self.store.put_job(updated)  # newer than the watch's copy: its echo is then ignored
+        return updated
+
+    def _reread(self, key: Key) -> None:
+        """A resync: the job and its pods from the API server, replacing what a watch gap may have left stale."""
+        namespace, name = key
+        job = self.kube.get_job(namespace, name)
+        if job is None:
+            self.store.remove_job(key)
+            return
+        self.store.put_job(job)
+        pods, version = self.kube.list_pods(namespace, name)
+        if self.store.replace_pods(key, pods, version):
+            log.warning("%s/%s: the watch had missed changes of its pods; resynced from the API", namespace, name)
+
+    def _schedule(self, key: Key, plan: Plan, final: dict[str, Any], now: float) -> None:
+        if plan.requeue_at is not None:
+            self.queue.at(plan.requeue_at, key, NORMAL)
+        # Timers add to the safety resync, never replace it: a far deadline must not hide a missed event.
+        if final.get("phase") not in (*st.FINISHED, st.SUSPENDED):
+            jitter = random.uniform(-self.config.resync_jitter, self.config.resync_jitter)
+            self.queue.at(now + self.config.resync_seconds * (1 + jitter), key, RESYNC)
+
+    def _record_phase(self, key: Key, phase: str | None) -> None:
+        """Keep the jobs-by-phase gauge current by moving this job between phases (no scan of every job)."""
+        with self.lock:
+            before = self.phases.pop(key, None) if phase is None else self.phases.get(key)
+            if before == phase:
+                return
+            if phase is not None:
+                self.phases[key] = phase
+        if phase is not None:
+            metrics.JOBS.labels(phase=phase).inc()
+        if before is not None:
+            metrics.JOBS.labels(phase=before).dec()
+
+
+def _pod_job(pod: Mapping[str, Any]) -> Key | None:
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(api.LABEL_JOB)
+    return (meta.get("namespace") or "default", job) if job else None
+
+
+def _count_restarts(original: dict[str, Any], final: dict[str, Any]) -> None:
+    before, after = original.get("restarts") or {}, final.get("restarts") or {}
+    for kind, field in (("failure", "failures"), ("disruption", "disruptions")):
+        delta = after.get(field, 0) - before.get(field, 0)
+        if delta > 0:
+            metrics.RESTARTS.labels(kind=kind).inc(delta)

@@ -1,0 +1,103 @@
+"""`kubetf operator`: health and metrics endpoints, leader election, then the cache, the controller and kopf.
+
+A standby (every replica but the leader) only takes part in the election: it watches nothing and writes nothing.
+Once it holds the lease it lists the jobs and pods, starts reconciling and starts kopf's watches. A leader that
+cannot renew its lease stops writing at once and exits, so it can come back as a standby.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from kubetf import handlers
+from kubetf.config import OperatorConfig
+from kubetf.controller import Controller
+from kubetf.kube import Kube
+from kubetf.leader import LeaderElector
+
+log = logging.getLogger("kubetf.operator")
+
+
+def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs: bool) -> int:
+    kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN, verbose=config.verbose)
+    if metrics_port:
+        start_http_server(metrics_port)
+    elector = None
+    if config.leader_election:
+        lease_client = Kube(qps=5, burst=10, timeout=(2, config.renew_deadline), instance=config.identity)
+        elector = LeaderElector(lease_client, config)
+    if liveness_port:
+        _serve_health(liveness_port, lambda: elector is None or elector.alive())
+    where = ", ".join(config.namespaces) or "all namespaces"
+    if elector is not None:
+        log.info("kubetf operator %s: standby until it holds lease %s/%s (serving %s)",
+                 config.identity, config.lease_namespace, config.lease_name, where)  # fmt: skip
+        if not _wait_for_leadership(elector):
+            return 0
+    else:
+        log.info("kubetf operator %s serving %s (no leader election)", config.identity, where)
+    kube = Kube(config.qps, config.burst, may_write=elector.is_leader if elector else None, instance=config.identity)
+    controller = Controller(kube, config)
+    controller.prime()
+    controller.start()
+    try:
+        kopf.run(
+            registry=handlers.registry(controller, config),
+            standalone=True,
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+        )
+    finally:
+        controller.stop()
+        if elector is not None:
+            elector.stop(release=True)
+    return 0
+
+
+def _wait_for_leadership(elector: LeaderElector) -> bool:
+    """Run the election in the background; block until elected (True) or told to stop (False)."""
+
+    def lost() -> None:
+        logging.getLogger("kubetf.operator").error("leader lease lost: exiting to come back as a standby")
+        logging.shutdown()
+        os._exit(1)  # no half-finished writes: Kube refuses them already, and nothing else runs on
+
+    elector.start(lost)
+    stopped = threading.Event()
+
+    def stop(signum: int, _frame: Any) -> None:
+        stopped.set()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not elector.elected.wait(0.2):
+            if stopped.is_set():
+                elector.stop(release=False)
+                return False
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return True
+
+
+def _serve_health(port: int, healthy: Any) -> None:
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path == "/healthz" and healthy()
+            self.send_response(200 if ok else (500 if self.path == "/healthz" else 404))
+            self.end_headers()
+            self.wfile.write(b"ok\n" if ok else b"unhealthy\n")
+
+        def log_message(self, *_: Any) -> None:
+            pass  # a probe every few seconds is not worth a log line
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Health)
+    threading.Thread(target=server.serve_forever, name="kubetf-healthz", daemon=True).start()

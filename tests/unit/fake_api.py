@@ -1,0 +1,162 @@
+"""An in-memory stand-in for `kube.Kube` (unit tier only), with a watch whose delivery the test controls.
+
+Writes change the objects at once, as the API server does; the watch events they cause wait in `events` until
+`deliver()` hands them to the controller, so a test can reconcile before the watch has shown the writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from kubetf import api
+from kubetf import status as st
+from kubetf.kube import Creation
+
+
+class FakeApi:
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.jobs: dict[tuple[str, str], dict] = {}
+        self.pods: dict[str, dict] = {}  # name -> pod (one namespace)
+        self.others: dict[tuple[str, str], dict] = {}  # (kind, name) -> Service/PVC
+        self.events: list[tuple[str, str, dict]] = []  # (resource, type, object) not yet delivered
+        self.recorded: list[tuple[str, str, str]] = []  # Kubernetes Events: (type, reason, message)
+        self.calls: list[str] = []
+        self.refuse: dict[str, Exception] = {}  # pod name -> error its create raises
+        self.version = itertools.count(1)
+        self.uids = itertools.count(1)
+
+    # --------------------------------------------------------------- watch
+
+    def _emit(self, resource: str, type_: str, obj: dict) -> None:
+        self.events.append((resource, type_, copy.deepcopy(obj)))
+
+    def deliver(self, controller) -> None:
+        events, self.events = self.events, []
+        for resource, type_, obj in events:
+            (controller.job_event if resource == "jobs" else controller.pod_event)(type_, obj)
+
+    def _bump(self, obj: dict) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self.version))
+
+    # --------------------------------------------------------------- what users and kubelets do
+
+    def add_job(self, document: dict) -> dict:
+        job = copy.deepcopy(document)
+        job["metadata"].setdefault("namespace", "default")
+        job["metadata"].setdefault("generation", 1)
+        job["metadata"]["uid"] = f"job-uid-{next(self.uids)}"
+        self._bump(job)
+        self.jobs[(job["metadata"]["namespace"], job["metadata"]["name"])] = job
+        self._emit("jobs", "ADDED", job)
+        return job
+
+    def update_job(self, key: tuple[str, str]) -> None:
+        """Record a change made to self.jobs[key] in place (by a user: the generation moves)."""
+        job = self.jobs[key]
+        job["metadata"]["generation"] += 1
+        self._bump(job)
+        self._emit("jobs", "MODIFIED", job)
+
+    def update_pod(self, name: str) -> None:
+        """Record a change made to self.pods[name] in place."""
+        self._bump(self.pods[name])
+        self._emit("pods", "MODIFIED", self.pods[name])
+
+    def remove_pod(self, name: str) -> None:
+        pod = self.pods.pop(name)
+        self._emit("pods", "DELETED", pod)
+
+    # --------------------------------------------------------------- Kube's interface
+
+    def get_job(self, namespace: str, name: str) -> dict | None:
+        self.calls.append("get job")
+        job = self.jobs.get((namespace, name))
+        return copy.deepcopy(job) if job else None
+
+    def patch_job_status(self, job: dict, patch: dict) -> dict | None:
+        self.calls.append("patch status")
+        stored = self.jobs.get((api.namespace(job), api.name(job)))
+        if stored is None:
+            return None
+        stored["status"] = _apply(stored.get("status") or {}, patch)
+        self._bump(stored)
+        self._emit("jobs", "MODIFIED", stored)
+        return copy.deepcopy(stored)
+
+    def delete_job(self, namespace: str, name: str, uid: str | None = None) -> bool:
+        self.calls.append("delete job")
+        job = self.jobs.pop((namespace, name), None)
+        if job is not None:
+            self._emit("jobs", "DELETED", job)
+        return job is not None
+
+    def list_pods(self, namespace: str, job_name: str) -> tuple[list[dict], int]:
+        self.calls.append("list pods")
+        pods = [copy.deepcopy(p) for p in self.pods.values() if p["metadata"]["labels"][api.LABEL_JOB] == job_name]
+        return pods, next(self.version)
+
+    def list_paged(self, resource: str, namespaces, label_selector: str = ""):
+        self.calls.append(f"list {resource}")
+        source = self.pods.values() if resource == "pods" else self.jobs.values()
+        return [copy.deepcopy(o) for o in source]
+
+    def create_all(self, objects) -> list[dict]:
+        created = []
+        for obj in objects:
+            self.calls.append(f"create {obj['kind']}")
+            key = (obj["kind"], obj["metadata"]["name"])
+            if key not in self.others:
+                self.others[key] = copy.deepcopy(obj)
+                created.append(obj)
+        return created
+
+    def create_batched(self, objects: list[dict], first_batch: int) -> Creation:
+        result = Creation()
+        for i, obj in enumerate(objects):
+            name = obj["metadata"]["name"]
+            self.calls.append("create Pod")
+            if name in self.refuse:
+                result.error = self.refuse[name]
+                result.skipped += [o["metadata"]["name"] for o in objects[i:]]
+                break
+            if name in self.pods:
+                result.existing.append(name)
+                continue
+            pod = copy.deepcopy(obj)
+            pod["metadata"]["uid"] = f"uid-{next(self.uids)}"
+            pod["metadata"]["creationTimestamp"] = st.format_time(self.clock())
+            pod["status"] = {"phase": "Pending"}
+            self._bump(pod)
+            self.pods[name] = pod
+            self._emit("pods", "ADDED", pod)
+            result.created.append(copy.deepcopy(pod))
+        return result
+
+    def delete_pods(self, pods) -> None:
+        for pod in pods:
+            self.calls.append("delete Pod")
+            current = self.pods.get(pod["metadata"]["name"])
+            if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+                continue
+            current["metadata"]["deletionTimestamp"] = st.format_time(self.clock())
+            self.update_pod(current["metadata"]["name"])
+
+    def event(self, job: dict, type_: str, reason: str, message: str) -> None:
+        self.calls.append("create Event")
+        self.recorded.append((type_, reason, message))
+
+
+def _apply(target: Any, patch: Any) -> Any:
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _apply(result.get(key), value)
+    return result

@@ -1,0 +1,75 @@
+"""The watch cache: slim objects, versions, and resyncs that repair a watch gap."""
+
+import json
+
+import pytest
+
+from kubetf import policy
+from kubetf import status as st
+from kubetf.cache import Store, slim_pod
+
+pytestmark = pytest.mark.unit
+
+KEY = ("team-a", "mnist")
+
+
+def pod(name="mnist-worker-0", version=10, **status):
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "resourceVersion": str(version),
+            "labels": {"kubetf.io/job-name": "mnist", "kubetf.io/role": "worker", "kubetf.io/index": "0"},
+            "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}] * 20,
+        },
+        "spec": {
+            "containers": [{"name": "tensorflow", "image": "x", "env": [{"name": "TF_CONFIG", "value": "{}" * 500}]}],
+            "nodeName": "node-1",
+            "volumes": [{"name": "v", "emptyDir": {}}] * 10,
+        },
+        "status": {"phase": "Running", **status},
+    }
+
+
+def test_slim_pods_keep_what_the_decisions_read_and_little_else():
+    evicted = pod(
+        conditions=[
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "m",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+        containerStatuses=[{"name": "tensorflow", "state": {"terminated": {"exitCode": 137}}, "imageID": "sha"}],
+    )
+    slim = slim_pod(evicted)
+    assert policy.disruption_reason(slim) == policy.disruption_reason(evicted)
+    assert policy.classify_pod(slim, "OnFailure") == policy.classify_pod(evicted, "OnFailure")
+    assert st.pod_task(slim) == st.pod_task(evicted)
+    assert len(json.dumps(slim)) < len(json.dumps(evicted)) / 4
+
+
+def test_an_older_version_never_replaces_a_newer_one():
+    store = Store()
+    assert store.put_pod(KEY, pod(version=12))
+    assert not store.put_pod(KEY, pod(version=11, phase="Failed"))
+    assert store.job_pods(KEY)[0]["status"]["phase"] == "Running"
+
+
+def test_only_changes_the_decisions_read_count_as_changes():
+    store = Store()
+    store.put_pod(KEY, pod(version=1))
+    assert not store.put_pod(KEY, pod(version=2))  # e.g. a new annotation
+    assert store.put_pod(KEY, pod(version=3, phase="Failed"))
+
+
+def test_a_fresh_list_removes_pods_whose_deletion_the_watch_missed_but_keeps_newer_ones():
+    store = Store()
+    store.put_pod(KEY, pod("mnist-worker-0", version=5))
+    store.put_pod(KEY, pod("mnist-worker-1", version=30))  # created after the list below was taken
+    assert store.replace_pods(KEY, [], list_version=20)
+    assert [p["metadata"]["name"] for p in store.job_pods(KEY)] == ["mnist-worker-1"]
+    assert not store.replace_pods(KEY, [pod("mnist-worker-1", version=30)], list_version=31)

@@ -1,0 +1,182 @@
+"""The reconcile shell (`Controller`) on an in-memory API: cache, expectations, priorities, batching, backoff."""
+
+import dataclasses
+
+import pytest
+
+from kubetf.config import OperatorConfig
+from kubetf.controller import NORMAL, RESYNC, URGENT, Controller
+from kubetf.kube import Kube, NotLeader
+
+from .fake_api import FakeApi
+from .jobs import job, replica
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_800_000_000.0
+
+
+class Shell:
+    def __init__(self, document, **config):
+        self.now = T0
+        self.api = FakeApi(clock=lambda: self.now)
+        self.controller = Controller(self.api, OperatorConfig(**config), clock=lambda: self.now)
+        created = self.api.add_job(document)
+        self.key = (created["metadata"]["namespace"], created["metadata"]["name"])
+        self.api.deliver(self.controller)
+
+    def queued(self):
+        """What the queue would hand out now, in order (emptying it)."""
+        out = []
+        while len(self.controller.queue):
+            key, priority = self.controller.queue.get()
+            self.controller.queue.done(key)
+            out.append((key, priority))
+        return out
+
+    def status(self):
+        return self.api.jobs[self.key].get("status") or {}
+
+    def run_all(self):
+        for name, pod in self.api.pods.items():
+            pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            self.api.update_pod(name)
+
+
+def mwms(workers=2):
+    return job(chief=replica(1), worker=replica(workers))
+
+
+def test_reconciled_before_the_watch_showed_its_own_pods_it_creates_no_duplicate_and_counts_nothing():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)
+    assert len(shell.api.pods) == 3
+    # Another trigger arrives before the watch delivered the three ADDED events: the cache has no pods yet.
+    assert shell.controller.reconcile(shell.key) is None
+    assert shell.api.calls.count("create Pod") == 3
+    shell.api.deliver(shell.controller)
+    plan = shell.controller.reconcile(shell.key)
+    assert plan.create == []
+    assert shell.status()["restarts"]["disruptions"] == 0
+    assert shell.api.calls.count("create Pod") == 3
+
+
+def test_the_echo_of_its_own_status_write_costs_no_reconcile():
+    shell = Shell(mwms())
+    shell.queued()
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)  # the status write's echo and the pods' ADDED events
+    assert shell.queued() == []
+
+
+def test_reads_come_from_the_cache_not_the_api():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.run_all()
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["phase"] == "Running"
+    assert not [c for c in shell.api.calls if c.startswith(("get", "list"))]
+
+
+def test_a_pod_that_ended_goes_ahead_of_new_jobs_and_resyncs():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    shell.controller.queue.add(("default", "resynced"), RESYNC)
+    shell.api.add_job(dict(mwms(), metadata={"name": "newcomer", "namespace": "default"}))
+    shell.api.deliver(shell.controller)
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    assert shell.queued() == [
+        (shell.key, URGENT),
+        (("default", "newcomer"), NORMAL),
+        (("default", "resynced"), RESYNC),
+    ]
+
+
+def test_a_large_job_is_created_in_turns_so_other_jobs_get_theirs_in_between():
+    shell = Shell(mwms(workers=9), creates_per_reconcile=4)
+    shell.queued()
+    shell.controller.reconcile(shell.key)
+    assert len(shell.api.pods) == 4
+    assert shell.queued() == [(shell.key, NORMAL)]  # back of the line for the rest
+    for expected in (8, 10):
+        shell.api.deliver(shell.controller)
+        shell.controller.reconcile(shell.key)
+        assert len(shell.api.pods) == expected
+    assert set(shell.status()["tasks"][t]["state"] for t in shell.status()["tasks"]) == {"Created"}
+
+
+def test_a_refused_create_keeps_what_was_created_and_backs_off_per_job():
+    shell = Shell(mwms())
+    shell.api.refuse["mnist-worker-0"] = RuntimeError("admission webhook denied the request")
+    with pytest.raises(RuntimeError, match="denied"):
+        shell.controller.reconcile(shell.key)
+    assert sorted(shell.api.pods) == ["mnist-chief-0"]
+    assert shell.status()["tasks"]["chief-0"]["state"] == "Created"
+    # Nothing waits for the refused creates: the retry is not held back by expectations.
+    shell.api.deliver(shell.controller)
+    assert shell.controller.expectations.waiting_until(shell.key) is None
+    del shell.api.refuse["mnist-worker-0"]
+    shell.controller.reconcile(shell.key)
+    assert sorted(shell.api.pods) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
+    assert shell.status()["restarts"] == {"failures": 0, "disruptions": 0, "total": 0}
+
+
+def test_a_resync_rereads_the_api_and_acts_on_a_deletion_the_watch_missed():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.run_all()
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    shell.api.pods.pop("mnist-worker-0")  # deleted during a watch gap: no event ever comes
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["restarts"]["disruptions"] == 0  # the cache cannot know
+    shell.controller.reconcile(shell.key, RESYNC)
+    assert shell.status()["restarts"]["disruptions"] == 1
+    assert shell.status()["phase"] == "Restarting"
+
+
+def test_a_deadline_timer_adds_to_the_safety_resync_instead_of_replacing_it():
+    document = mwms()
+    document["spec"]["runPolicy"] = {"activeDeadlineSeconds": 86400}
+    shell = Shell(document)
+    shell.controller.reconcile(shell.key)
+    due = shell.controller.queue.due
+    assert due[(shell.key, NORMAL)] == T0 + 86400
+    assert T0 + 480 <= due[(shell.key, RESYNC)] <= T0 + 720
+
+
+def test_a_primed_operator_sees_every_pod_before_it_reconciles():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)
+    shell.api.events.clear()  # the old operator dies; the new one's watch starts later than its first reconcile
+    restarted = Controller(shell.api, OperatorConfig(), clock=lambda: shell.now)
+    restarted.prime()
+    plan = restarted.reconcile(shell.key)
+    assert plan.create == [] and plan.delete == []
+    assert shell.status()["restarts"]["disruptions"] == 0
+
+
+def test_writes_are_refused_without_the_lease_before_anything_is_sent():
+    kube = Kube(qps=1, burst=1, may_write=lambda: False)
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "default"}}
+    with pytest.raises(NotLeader):
+        kube.create(pod)
+    with pytest.raises(NotLeader):
+        kube.delete_pod(dict(pod, metadata={**pod["metadata"], "uid": "u"}))
+
+
+def test_config_defaults_are_stated_once():
+    from kubetf import cli
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["operator"])
+    defaults = OperatorConfig()
+    assert (args.qps, args.burst, args.workers) == (defaults.qps, defaults.burst, defaults.workers)
+    assert dataclasses.replace(defaults, identity="x").with_runtime_defaults().identity == "x"

@@ -1,0 +1,97 @@
+"""The generic machinery: the work queue and expectations."""
+
+import threading
+import time
+
+import pytest
+
+from kubetf.workqueue import Expectations, ShutDown, WorkQueue
+
+pytestmark = pytest.mark.unit
+
+
+def test_most_urgent_first_fifo_within_a_priority_and_each_key_once():
+    queue = WorkQueue()
+    queue.add("resync", 2)
+    queue.add("new-a", 1)
+    queue.add("new-b", 1)
+    queue.add("ended", 0)
+    queue.add("new-a", 1)  # already queued: no second entry
+    queue.add("resync", 0)  # asked for again, more urgently: moves up, keeps one entry
+    order = []
+    while len(queue):
+        key, priority = queue.get()
+        order.append((key, priority))
+        queue.done(key)
+    assert order == [("ended", 0), ("resync", 0), ("new-a", 1), ("new-b", 1)]
+
+
+def test_a_key_is_never_processed_twice_at_once_and_comes_back_once_if_added_meanwhile():
+    queue = WorkQueue()
+    queue.add("job", 1)
+    key, _ = queue.get()
+    for _ in range(3):
+        queue.add("job", 1)  # while it is processed
+    assert len(queue) == 0
+    queue.done(key)
+    assert len(queue) == 1
+    assert queue.get() == ("job", 1)
+
+
+def test_wakeups_fire_at_the_earliest_time_asked():
+    queue = WorkQueue()
+    start = time.time()
+    queue.at(start + 5, "job", 1)
+    queue.at(start + 0.2, "job", 1)
+    key, _ = queue.get()
+    assert key == "job"
+    assert 0.15 < time.time() - start < 2
+
+
+def test_retry_backs_off_per_key_doubling_until_forgotten():
+    now = [100.0]
+    queue = WorkQueue(backoff_first=1, backoff_cap=5, clock=lambda: now[0])
+    assert [queue.retry("job", 1) for _ in range(5)] == [1, 2, 4, 5, 5]
+    assert queue.retry("other", 1) == 1
+    queue.forget("job")
+    assert queue.retry("job", 1) == 1
+
+
+def test_shutdown_releases_waiting_workers():
+    queue = WorkQueue()
+    stopped = threading.Event()
+
+    def worker():
+        try:
+            queue.get()
+        except ShutDown:
+            stopped.set()
+
+    threading.Thread(target=worker, daemon=True).start()
+    queue.shutdown()
+    assert stopped.wait(2)
+
+
+def test_expectations_are_met_by_what_the_watch_shows():
+    now = [0.0]
+    expectations = Expectations(timeout=30, clock=lambda: now[0])
+    expectations.expect("job", creations=["w-0", "w-1"], deletions=["uid-old"])
+    assert expectations.waiting_until("job") == 30
+    assert not expectations.observe("job", "w-0", "uid-1", gone=False)
+    assert not expectations.observe("job", "old", "uid-old", gone=True)
+    assert expectations.observe("job", "w-1", "uid-2", gone=False)  # the last one
+    assert expectations.waiting_until("job") is None
+
+
+def test_refused_creates_are_not_waited_for_and_lost_events_expire():
+    now = [0.0]
+    expectations = Expectations(timeout=30, clock=lambda: now[0])
+    expectations.expect("job", creations=["w-0", "w-1"])
+    expectations.cancel_creations("job", ["w-1"])
+    expectations.observe("job", "w-0", "uid", gone=False)
+    assert expectations.waiting_until("job") is None
+    expectations.expect("job", creations=["w-2"])
+    now[0] = 29.9
+    assert expectations.waiting_until("job") == 30
+    now[0] = 30
+    assert expectations.waiting_until("job") is None
