@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,7 +36,11 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
         lease_client = Kube(qps=5, burst=10, timeout=(2, config.renew_deadline), instance=config.identity)
         elector = LeaderElector(lease_client, config)
     if liveness_port:
-        _serve_health(liveness_port, lambda: elector is None or elector.alive())
+        _serve_health(
+            liveness_port,
+            lambda: elector is None or elector.alive(),
+            lambda: "leader" if elector is None or elector.is_leader() else "standby",
+        )
     where = ", ".join(config.namespaces) or "all namespaces"
     if elector is not None:
         log.info("kubetf operator %s: standby until it holds lease %s/%s (serving %s)",
@@ -88,13 +93,15 @@ def _wait_for_leadership(elector: LeaderElector) -> bool:
     return True
 
 
-def _serve_health(port: int, healthy: Any) -> None:
+def _serve_health(port: int, healthy: Callable[[], bool], role: Callable[[], str]) -> None:
+    """/healthz: 200 while the election loop runs (a standby is healthy too); the body says which one it is."""
+
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             ok = self.path == "/healthz" and healthy()
             self.send_response(200 if ok else (500 if self.path == "/healthz" else 404))
             self.end_headers()
-            self.wfile.write(b"ok\n" if ok else b"unhealthy\n")
+            self.wfile.write(f"ok {role()}\n".encode() if ok else b"unhealthy\n")
 
         def log_message(self, *_: Any) -> None:
             pass  # a probe every few seconds is not worth a log line

@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
+from kubernetes import config as kubeconfig
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
+from kubetf import api, config
 from tests.cluster.fixture import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,9 +39,9 @@ def pytest_collection_modifyitems(items):
 class Cluster:
     """Thin test helpers over the official client, returning plain dicts."""
 
-    def __init__(self, kubeconfig: str) -> None:
-        self.kubeconfig = kubeconfig
-        self.api_client = config.new_client_from_config(config_file=kubeconfig)
+    def __init__(self, kubeconfig_path: str) -> None:
+        self.kubeconfig = kubeconfig_path
+        self.api_client = kubeconfig.new_client_from_config(config_file=kubeconfig_path)
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.ext = client.ApiextensionsV1Api(self.api_client)
@@ -198,15 +199,18 @@ class Cluster:
 
 
 class Operator:
-    """`kubetf operator` as a real process, as it runs in a cluster, against the test cluster's kubeconfig."""
+    """`kubetf operator` as a real process, as it runs in a cluster, against the test cluster's kubeconfig. It takes
+    part in the leader election on the default Lease, as an operator started on a laptop would."""
 
-    def __init__(self, kubeconfig: str, log_path: Path) -> None:
+    def __init__(self, kubeconfig: str, log_path: Path, *extra_args: str) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        self.extra_args = extra_args
         self.process: subprocess.Popen | None = None
         self.port = 0
 
-    def start(self) -> None:
+    def start(self, leader: bool = True) -> None:
+        """Start it; wait until it serves /healthz and, with `leader`, until it holds the lease."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -225,22 +229,24 @@ class Operator:
                 "0",
                 "--log-format",
                 "plain",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+        wanted = ("ok leader",) if leader else ("ok leader", "ok standby")
+        wait_for(lambda: self.role() in wanted, 30, f"the operator's /healthz to say {' or '.join(wanted)}")
 
-        def healthy():
-            if self.process.poll() is not None:
-                pytest.fail(f"operator exited with {self.process.returncode}; log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, 30, "the operator's /healthz")
+    def role(self) -> str:
+        """'ok leader', 'ok standby', or '' while it does not answer."""
+        if self.process is None or self.process.poll() is not None:
+            pytest.fail(f"operator exited with {self.process and self.process.returncode}; log: {self.log_path}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as response:
+                return response.read().decode().strip()
+        except OSError:
+            return ""
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
@@ -260,6 +266,11 @@ class Operator:
 def cluster(kube_cluster) -> Cluster:
     cluster = Cluster(kube_cluster.kubeconfig)
     cluster.install_crd()
+    try:  # the leader election's Lease lives in the operator's namespace, as when installed
+        cluster.core.create_namespace({"metadata": {"name": config.DEFAULT_LEASE_NAMESPACE}})
+    except ApiException as error:
+        if error.status != 409:
+            raise
     return cluster
 
 
@@ -276,7 +287,7 @@ def operator(cluster, tmp_path_factory):
     apps = client.AppsV1Api(cluster.api_client)
     paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
     for namespace, name, _ in paused:
-        apps.patch_namespaced_deployment_scale(namespace, name, {"spec": {"replicas": 0}})
+        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
     for namespace, name, _ in paused:
         wait_for(
             lambda n=namespace, m=name: (
@@ -292,7 +303,7 @@ def operator(cluster, tmp_path_factory):
     process.stop()
     print(f"operator log: {log_path}")
     for namespace, name, replicas in paused:
-        apps.patch_namespaced_deployment_scale(namespace, name, {"spec": {"replicas": replicas}})
+        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
 
 
 @pytest.fixture

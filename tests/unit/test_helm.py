@@ -40,6 +40,8 @@ OPERATOR_PERMISSIONS = {
 # kopf's own, cluster-wide: it watches CRDs, and with explicit namespaces also Namespace objects.
 KOPF_CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
 KOPF_NAMESPACES = {("", "namespaces", verb) for verb in ("list", "watch")}
+LEASE = {("coordination.k8s.io", "leases", verb) for verb in ("create", "get", "update")}
+LEASE_ROLE = "kubetf-operator-leader-election"
 
 FORBIDDEN_RESOURCES = {"secrets", "pods/exec", "pods/attach", "pods/portforward", "pods/proxy", "nodes/proxy"}
 FORBIDDEN_VERBS = {"escalate", "bind", "impersonate", "deletecollection"}
@@ -226,8 +228,16 @@ def test_clusterwide_rbac_is_exactly_what_the_operator_uses() -> None:
     objects = installed_by_kubectl()
     role = one(objects, "ClusterRole")
     assert permissions(role) == OPERATOR_PERMISSIONS | KOPF_CRDS
-    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
-    assert_least_privilege([role])
+    # Namespaced: only the leader election's Lease, in the operator's own namespace, and only that one by name.
+    (lease_role,) = by_kind(objects, "Role")
+    assert (lease_role["metadata"]["name"], lease_role["metadata"]["namespace"]) == (LEASE_ROLE, NAMESPACE)
+    assert permissions(lease_role) == LEASE
+    assert all(
+        rule.get("resourceNames") == ["kubetf-operator"] for rule in lease_role["rules"] if "get" in rule["verbs"]
+    )
+    (lease_binding,) = by_kind(objects, "RoleBinding")
+    assert lease_binding["roleRef"]["name"] == LEASE_ROLE
+    assert_least_privilege([role, lease_role])
     binding = one(objects, "ClusterRoleBinding")
     account = one(objects, "ServiceAccount")
     assert binding["roleRef"] == {
@@ -244,11 +254,11 @@ def test_clusterwide_rbac_is_exactly_what_the_operator_uses() -> None:
 
 def test_namespaced_watching_gets_roles_and_flags(helm: str) -> None:
     objects = template(helm, "--set", "watchNamespaces={team-a,team-b}")
-    roles = by_kind(objects, "Role")
+    roles = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] != LEASE_ROLE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert permissions(role) == OPERATOR_PERMISSIONS
-    bindings = by_kind(objects, "RoleBinding")
+    bindings = [b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"] != LEASE_ROLE]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
@@ -339,8 +349,16 @@ def test_operator_pod_passes_the_restricted_pod_security_standard() -> None:
 def test_operator_deployment() -> None:
     deployment = one(installed_by_kubectl(), "Deployment")
     assert deployment["metadata"]["namespace"] == NAMESPACE
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # An active operator and a standby (leader election), rolled over without a gap, on different nodes.
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     pod = deployment["spec"]["template"]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pod["metadata"]["labels"].items()
@@ -355,6 +373,8 @@ def test_operator_deployment() -> None:
         "8080",
         "--metrics-port",
         "9090",
+        "--lease-name",
+        "kubetf-operator",
     ]
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
