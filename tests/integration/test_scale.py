@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.cluster.fixture import wait_for
 
-from .conftest import UNSCHEDULED, Operator, replica
+from .conftest import UNSCHEDULED, replica
 
 FOREIGN_PODS = 10_000
 MIB = 1024 * 1024
