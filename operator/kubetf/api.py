@@ -122,12 +122,12 @@ def strategy(job: Job) -> str:
 def replica_specs(job: Job) -> dict[str, dict[str, Any]]:
     """Role -> replica spec, in TF_CONFIG order, roles with zero replicas left out."""
     specs = job["spec"]["replicaSpecs"]
-    return {role: specs[role] for role in ROLES if role in specs and specs[role].get("replicas", 1) > 0}
+    return {role: specs[role] for role in ROLES if role in specs and specs[role]["replicas"] > 0}
 
 
 def tasks(job: Job) -> list[tuple[str, int]]:
     """Every (role, index) the job runs, chief first."""
-    return [(role, i) for role, spec in replica_specs(job).items() for i in range(spec.get("replicas", 1))]
+    return [(role, i) for role, spec in replica_specs(job).items() for i in range(spec["replicas"])]
 
 
 def run_policy(job: Job) -> dict[str, Any]:

@@ -22,15 +22,16 @@ class JobError(Exception):
 
 
 def progress_line(line: str) -> dict[str, Any] | None:
-    """A trainer progress record (`{"kubetf": ...}` JSON line), or None for any other output."""
-    text = line.strip()
-    if not text.startswith("{") or '"kubetf"' not in text:
+    """The trainer's progress record in one log line (`{"kubetf": ...}`, written by kubetf_trainer.progress.emit;
+    a `role-index | ` prefix as `kubetf logs` prints is allowed), or None for any other output."""
+    start = line.find('{"kubetf"')
+    if start < 0:
         return None
     try:
-        record = json.loads(text)
+        record = json.loads(line[start:])
     except ValueError:
         return None
-    return record if isinstance(record, dict) and "kubetf" in record else None
+    return record if isinstance(record, dict) else None
 
 
 def describe_progress(record: dict[str, Any]) -> str:

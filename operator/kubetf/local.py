@@ -355,7 +355,7 @@ class LocalJob:
 
     def _handle_exit(self, replica: Replica, code: int) -> int | None:
         role, index = replica.task
-        restart_policy = self.job["spec"]["replicaSpecs"][role].get("restartPolicy", "OnFailure")
+        restart_policy = self.job["spec"]["replicaSpecs"][role]["restartPolicy"]
         if code < 0:
             termination = policy.classify_signal(-code, restart_policy)
         else:

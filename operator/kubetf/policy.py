@@ -126,7 +126,7 @@ def succeeded(job: Job, completed: set[Task]) -> bool:
 
 def backoff_seconds(job: Job, failures: int) -> float:
     """Delay before restarting after the n-th failure (1-based): exponential, capped."""
-    base = api.run_policy(job).get("backoffSeconds", 10)
+    base = api.run_policy(job)["backoffSeconds"]
     return float(min(MAX_BACKOFF_SECONDS, base * 2 ** max(0, failures - 1)))
 
 
@@ -149,7 +149,7 @@ def decide(job: Job, role: str, termination: Termination, failures: int, disrupt
         return Decision(False, f"PermanentFailure: {termination.reason}")
     if restart_policy == "Never":
         return Decision(False, f"Failed: {termination.reason} (restartPolicy Never)")
-    limit = policy.get("backoffLimit", 3)
+    limit = policy["backoffLimit"]
     if failures >= limit:
         return Decision(False, f"BackoffLimitExceeded: {termination.reason} after {failures} restart(s)")
     return Decision(True, f"Failed: {termination.reason}")

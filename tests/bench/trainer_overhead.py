@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
 
 from kubetf import api, builders, local  # noqa: E402
-from kubetf_trainer.progress import parse_line  # noqa: E402
+from kubetf.jobctl import progress_line  # noqa: E402
 
 EXAMPLE = "/opt/kubetf/examples/mnist_mwms.py"
 
@@ -58,7 +58,7 @@ def summarize(lines: list[str], wall: float, prefix: str = "") -> dict[str, Any]
     for line in lines:
         if prefix and not line.startswith(prefix):
             continue
-        record = parse_line(line)
+        record = progress_line(line)
         if record and record.get("kubetf") == "progress" and record.get("index") == 0:
             progress.append(record)
     rates = [float(p["steps_per_sec"]) for p in progress[1:] if p.get("steps_per_sec")]

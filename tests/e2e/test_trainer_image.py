@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from kubetf_trainer.progress import parse_line
+from kubetf.jobctl import progress_line
 
 IMAGE = "kubetf/trainer:0.1.0"
 
@@ -41,7 +41,7 @@ def test_image_runs_the_mwms_example_as_non_root():
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    records = [r for r in map(parse_line, result.stdout.splitlines()) if r]
+    records = [r for r in map(progress_line, result.stdout.splitlines()) if r]
     assert [r["kubetf"] for r in records] == ["start", "progress", "progress", "done"]
     # offline: one line says MNIST could not be had, the packaged digits are used
     assert sum("MNIST not available" in line for line in result.stdout.splitlines()) == 1

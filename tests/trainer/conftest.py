@@ -17,7 +17,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
 
-from kubetf_trainer.progress import parse_line  # noqa: E402
+from kubetf.jobctl import progress_line  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -137,7 +137,7 @@ class LocalRun:
         for line in self.lines if lines is None else lines:
             if label and not line.startswith(f"{label} | "):
                 continue
-            record = parse_line(line)
+            record = progress_line(line)
             if record and (kind is None or record.get("kubetf") == kind):
                 out.append(record)
         return out

@@ -12,9 +12,10 @@ import pytest
 from conftest import REPO, make_job
 
 from kubetf import api, builders, local
+from kubetf.jobctl import progress_line
 from kubetf_trainer import data
 from kubetf_trainer.env import task_info
-from kubetf_trainer.progress import emit, parse_line
+from kubetf_trainer.progress import emit
 
 
 def _env(job, role, index, ckpt=None):
@@ -51,7 +52,7 @@ def test_progress_lines_round_trip(capsys):
     emit("progress", info, epoch=2, loss=np.float32(0.5), metrics={"accuracy": np.float64(0.75)}, bad=float("nan"))
     line = capsys.readouterr().out.strip()
     assert "\n" not in line
-    record = parse_line("worker-1 | " + line)
+    record = progress_line("worker-1 | " + line)
     assert record == {
         "kubetf": "progress",
         "role": "worker",
@@ -61,7 +62,7 @@ def test_progress_lines_round_trip(capsys):
         "metrics": {"accuracy": 0.75},
         "bad": None,
     }
-    assert parse_line("worker-1 | Epoch 1/3") is None
+    assert progress_line("worker-1 | Epoch 1/3") is None
 
 
 def test_digits_are_in_mnist_layout():

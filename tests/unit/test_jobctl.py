@@ -31,3 +31,9 @@ def test_progress_is_described_for_people():
 def test_progress_comes_from_the_chief_else_worker_zero():
     assert jobctl.progress_task(job(chief=replica(1), worker=replica(2))) == ("chief", 0)
     assert jobctl.progress_task(job(worker=replica(2))) == ("worker", 0)
+
+
+def test_progress_lines_read_through_the_logs_prefix():
+    record = jobctl.progress_line('worker-1 | {"kubetf": "done", "role": "worker"}')
+    assert record == {"kubetf": "done", "role": "worker"}
+    assert jobctl.progress_line('{"kubetf-like": 1}') is None

@@ -1,6 +1,6 @@
 """kubetf_trainer: helpers for TensorFlow programs run by kubetf.
 
-Light imports (no TensorFlow): ``task_info``, ``TaskInfo``, ``emit``, ``parse_line``, ``data``.
+Light imports (no TensorFlow): ``task_info``, ``TaskInfo``, ``emit``, ``data``.
 TensorFlow-backed (imported on first use): ``make_strategy``, ``run_server``, ``callbacks``,
 ``BackupAndRestore``, ``Progress``, ``prepare``, ``save_model``, ``finish``, ``evaluate_checkpoints``.
 """
@@ -14,7 +14,7 @@ from typing import Any
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from .env import TaskInfo, task_info
-from .progress import emit, parse_line
+from .progress import emit
 from .signals import exit_on_sigterm
 
 __version__ = "0.1.0"
@@ -46,4 +46,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
-__all__ = ["TaskInfo", "__version__", "emit", "exit_on_sigterm", "parse_line", "task_info", *_LAZY]
+__all__ = ["TaskInfo", "__version__", "emit", "exit_on_sigterm", "task_info", *_LAZY]

@@ -1,4 +1,4 @@
-"""One JSON object per line on stdout: the format kubetf tools parse (see the contract)."""
+"""One JSON object per line on stdout: the format kubetf tools parse (`kubetf.jobctl.progress_line`)."""
 
 from __future__ import annotations
 
@@ -37,15 +37,3 @@ def emit(kind: str, info: TaskInfo | None = None, **fields: Any) -> dict[str, An
     sys.stdout.write(json.dumps(record, sort_keys=False) + "\n")
     sys.stdout.flush()
     return record
-
-
-def parse_line(line: str) -> dict[str, Any] | None:
-    """The record in one log line (a ``role-index | `` prefix is allowed), else None."""
-    start = line.find('{"kubetf"')
-    if start < 0:
-        return None
-    try:
-        record = json.loads(line[start:])
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
