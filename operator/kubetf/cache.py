@@ -92,7 +92,8 @@ class Store:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.jobs: dict[Key, tuple[int, str]] = {}
-        self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...]]]] = {}  # job -> pod name -> entry
+        # job -> pod name -> (resourceVersion, slim JSON, signature, uid)
+        self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...], str]]] = {}
 
     # ------------------------------------------------------------------ jobs
 
@@ -137,7 +138,7 @@ class Store:
             current = pods.get(name)
             if current is not None and version and current[0] >= version:
                 return False
-            pods[name] = (version, _encode(slim), signature)
+            pods[name] = (version, _encode(slim), signature, slim["metadata"].get("uid", ""))
             return current is None or current[2] != signature
 
     def remove_pod(self, job: Key, name: str) -> bool:
@@ -160,7 +161,8 @@ class Store:
         fresh = {}
         for pod in pods:
             slim = slim_pod(pod)
-            fresh[slim["metadata"]["name"]] = (resource_version(slim), _encode(slim), pod_signature(slim))
+            meta = slim["metadata"]
+            fresh[meta["name"]] = (resource_version(slim), _encode(slim), pod_signature(slim), meta.get("uid", ""))
         changed = False
         with self.lock:
             current = self.pods.setdefault(job, {})
@@ -176,6 +178,12 @@ class Store:
             if not current:
                 del self.pods[job]
         return changed
+
+    def still_there(self, job: Key, name: str, uid: str) -> bool:
+        """The pod of that uid is stored and not being deleted."""
+        with self.lock:
+            entry = (self.pods.get(job) or {}).get(name)
+        return entry is not None and entry[3] == uid and not entry[2][1]
 
     def pod_count(self) -> int:
         with self.lock:

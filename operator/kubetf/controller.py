@@ -145,6 +145,10 @@ class Controller:
             stored = plan.status
         if plan.delete:
             self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in plan.delete])
+            for pod in plan.delete:  # a deletion the watch showed before the expectation was set
+                name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+                if not self.store.still_there(key, name, uid):
+                    self.expectations.observe(key, name, uid, gone=True)
             self.kube.delete_pods(plan.delete)
         created: list[dict[str, Any]] = []
         failed: Exception | None = None

@@ -180,3 +180,28 @@ def test_config_defaults_are_stated_once():
     defaults = OperatorConfig()
     assert (args.qps, args.burst, args.workers) == (defaults.qps, defaults.burst, defaults.workers)
     assert dataclasses.replace(defaults, identity="x").with_runtime_defaults().identity == "x"
+
+
+def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.run_all()
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    store = shell.controller.store
+    real_job_pods = store.job_pods
+
+    def read_then_lose_the_chief(key):
+        pods = real_job_pods(key)  # the reconcile's view still has the chief ...
+        store.remove_pod(key, "mnist-chief-0")  # ... which the watch now shows deleted by someone else
+        return pods
+
+    store.job_pods = read_then_lose_the_chief
+    shell.controller.reconcile(shell.key)  # the group restart deletes the chief and worker-0
+    store.job_pods = real_job_pods
+    shell.api.deliver(shell.controller)
+    assert shell.controller.expectations.waiting_until(shell.key) is None
