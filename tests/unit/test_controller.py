@@ -197,7 +197,8 @@ def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for()
 
     def read_then_lose_the_chief(key):
         pods = real_job_pods(key)  # the reconcile's view still has the chief ...
-        store.remove_pod(key, "mnist-chief-0")  # ... which the watch now shows deleted by someone else
+        shell.api.remove_pod("mnist-chief-0")  # ... which someone deletes, and the watch shows it at once
+        shell.api.deliver(shell.controller)
         return pods
 
     store.job_pods = read_then_lose_the_chief
