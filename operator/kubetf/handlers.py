@@ -13,26 +13,24 @@ from typing import Any
 import kopf
 
 from kubetf import api
-from kubetf.config import OperatorConfig
 from kubetf.controller import Controller
+from kubetf.kube import PAGE_SIZE
 
-LIST_PAGE = 500
+
+def settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.posting.level = logging.WARNING
+    settings.watching.label_selectors["v1", "pods"] = api.MANAGED_PODS_SELECTOR
+    settings.watching.chunk_size = PAGE_SIZE
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 30
+    return settings
 
 
-def registry(controller: Controller, config: OperatorConfig) -> kopf.OperatorRegistry:
+def registry(controller: Controller) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-
-    @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.level = logging.WARNING
-        # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
-        logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.verbose else logging.WARNING)
-        settings.watching.label_selectors["v1", "pods"] = api.MANAGED_PODS_SELECTOR
-        settings.watching.chunk_size = LIST_PAGE
-        settings.watching.server_timeout = 300
-        settings.watching.client_timeout = 330
-        settings.watching.connect_timeout = 10
-        settings.networking.request_timeout = 30
 
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
     async def job_event(event: kopf.RawEvent, **_: Any) -> None:

@@ -29,6 +29,8 @@ log = logging.getLogger("kubetf.operator")
 
 def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs: bool) -> int:
     kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN, verbose=config.verbose)
+    # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.verbose else logging.WARNING)
     if metrics_port:
         start_http_server(metrics_port)
     elector = None
@@ -55,7 +57,8 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
     controller.start()
     try:
         kopf.run(
-            registry=handlers.registry(controller, config),
+            registry=handlers.registry(controller),
+            settings=handlers.settings(),
             standalone=True,
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
