@@ -65,10 +65,6 @@ def crd() -> dict[str, Any]:
     return loaded
 
 
-def crd_text() -> str:
-    return resources.files("kubetf").joinpath("crd", CRD_FILE).read_text()
-
-
 def openapi_schema() -> dict[str, Any]:
     for version in crd()["spec"]["versions"]:
         if version["name"] == VERSION:
