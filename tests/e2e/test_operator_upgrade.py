@@ -1,0 +1,66 @@
+"""The installed operator: `helm upgrade` from the previous chart (one replica, Recreate) to two replicas with
+leader election, and a standby that takes over when the leader's pod is killed."""
+
+import subprocess
+import time
+
+from kubernetes import client
+
+from kubetf import api
+from tests.cluster.fixture import wait_for
+from tests.integration.conftest import replica
+
+from .conftest import OPERATOR_NAMESPACE, RELEASE, ROOT, helm
+
+PREVIOUS_CHART = "b388956"  # the last commit whose chart ran one replica without leader election
+LEASE = "kubetf-operator"
+TAKEOVER_SECONDS = 15
+SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1), "worker": replica(1)}}
+
+
+def operator_pods(cluster) -> list:
+    pods = cluster.core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=kubetf").items
+    return [p for p in pods if not p.metadata.deletion_timestamp and p.status.phase == "Running"]
+
+
+def holder(cluster) -> str:
+    lease = client.CoordinationV1Api(cluster.api_client).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE)
+    return lease.spec.holder_identity or ""
+
+
+def test_helm_upgrade_from_the_previous_chart_then_the_standby_takes_over(installed, namespace, tmp_path):
+    cluster = installed
+    previous = tmp_path / "previous"
+    previous.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", PREVIOUS_CHART, "helm/kubetf"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(previous)], input=archive, check=True)
+    helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait")
+    helm("install", RELEASE, str(previous / "helm" / "kubetf"), "--namespace", OPERATOR_NAMESPACE, "--wait")
+    helm("upgrade", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
+
+    deployment = client.AppsV1Api(cluster.api_client).read_namespaced_deployment(
+        f"{RELEASE}-operator", OPERATOR_NAMESPACE
+    )
+    assert deployment.spec.strategy.type == "RollingUpdate"
+    assert deployment.status.ready_replicas == 2
+    pods = wait_for(lambda: len(p := operator_pods(cluster)) == 2 and p, 60, "two operator pods")
+    names = {p.metadata.name for p in pods}
+    leader = wait_for(
+        lambda: next((n for n in names if holder(cluster).startswith(f"{n}_")), None), 30, "one of them to lead"
+    )
+    cluster.create_job(namespace, "first", SPEC)
+    cluster.wait_pods(namespace, "first", lambda p: len(p) == 2, "the upgraded operator to create the pods", 30)
+
+    cluster.core.delete_namespaced_pod(leader, OPERATOR_NAMESPACE, grace_period_seconds=0)
+    killed = time.monotonic()
+    (standby,) = names - {leader}
+    wait_for(lambda: holder(cluster).startswith(f"{standby}_"), 30, f"the standby {standby} to take the lease")
+    takeover = time.monotonic() - killed
+    print(f"\nin-cluster standby took over {takeover:.1f}s after the leader's pod was killed")
+    assert takeover <= TAKEOVER_SECONDS
+    cluster.create_job(namespace, "second", SPEC)
+    cluster.wait_pods(namespace, "second", lambda p: len(p) == 2, "the new leader to create the pods", 30)
+    assert cluster.status(namespace, "first")["restarts"]["total"] == 0
+    assert all(p["metadata"]["labels"][api.LABEL_ATTEMPT] == "0" for p in cluster.pods(namespace, "first").values())
