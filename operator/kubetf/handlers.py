@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from kubetf import api
 from kubetf.controller import Controller
@@ -31,6 +32,26 @@ def settings() -> kopf.OperatorSettings:
 
 def registry(controller: Controller) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        """The credentials `kube.load_config` loaded (in-cluster, or --kubeconfig): kopf's watches and the
+        operator's own client always talk to the same cluster as the same user."""
+        config = client.Configuration.get_default_copy()
+        header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+        scheme, _space, token = str(header or "").rpartition(" ")
+        return kopf.ConnectionInfo(
+            server=config.host,
+            ca_path=config.ssl_ca_cert,
+            insecure=not config.verify_ssl,
+            username=config.username or None,
+            password=config.password or None,
+            scheme=scheme or None,
+            token=token or None,
+            certificate_path=config.cert_file,
+            private_key_path=config.key_file,
+            trust_env=settings.networking.trust_env,
+        )
 
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
     async def job_event(event: kopf.RawEvent, **_: Any) -> None:
