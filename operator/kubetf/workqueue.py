@@ -30,7 +30,9 @@ class WorkQueue(Generic[Key]):
     ) -> None:
         self.clock = clock
         self.backoff_first, self.backoff_cap = backoff_first, backoff_cap
-        self.cond = threading.Condition()
+        lock = threading.Lock()
+        self.cond = threading.Condition(lock)  # workers wait on this one ...
+        self.timer_cond = threading.Condition(lock)  # ... the timer thread on this one
         self.seq = itertools.count()
         self.ready: list[tuple[int, int, Key]] = []  # (priority, sequence, key): lower runs first
         self.queued: dict[Key, tuple[int, int]] = {}  # the live entry of each queued key
@@ -71,7 +73,7 @@ class WorkQueue(Generic[Key]):
                 return
             self.due[(key, priority)] = when
             heapq.heappush(self.timers, (when, next(self.seq), key, priority))
-            self.cond.notify_all()
+            self.timer_cond.notify()
 
     def get(self) -> tuple[Key, int]:
         """The next key to process, most urgent first (FIFO within a priority); blocks. Call `done` after."""
@@ -112,6 +114,7 @@ class WorkQueue(Generic[Key]):
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
+            self.timer_cond.notify_all()
 
     def _timer_loop(self) -> None:
         with self.cond:
@@ -123,7 +126,7 @@ class WorkQueue(Generic[Key]):
                         del self.due[(key, priority)]
                         self._add(key, priority)
                 wait = (self.timers[0][0] - now) if self.timers else None
-                self.cond.wait(timeout=min(wait, 60.0) if wait is not None else None)
+                self.timer_cond.wait(timeout=min(wait, 60.0) if wait is not None else None)
 
 
 @dataclass

@@ -95,3 +95,29 @@ def test_refused_creates_are_not_waited_for_and_lost_events_expire():
     assert expectations.waiting_until("job") == 30
     now[0] = 30
     assert expectations.waiting_until("job") is None
+
+
+def test_worker_threads_are_woken_by_adds_and_by_due_timers():
+    queue = WorkQueue()
+    handled = []
+    done = threading.Event()
+
+    def worker():
+        while True:
+            try:
+                key, _ = queue.get()
+            except ShutDown:
+                return
+            handled.append(key)
+            queue.done(key)
+            if len(handled) == 3:
+                done.set()
+
+    for _ in range(3):
+        threading.Thread(target=worker, daemon=True).start()
+    time.sleep(0.1)  # every worker and the timer thread are waiting
+    queue.add("a", 1)
+    queue.add("b", 1)
+    queue.at(time.time() + 0.1, "c", 2)
+    assert done.wait(3), handled
+    queue.shutdown()
