@@ -5,7 +5,7 @@ ps tasks hold the variables and serve until stopped; every worker builds its own
 the variables asynchronously; worker 0 is the chief (no chief task needed: it initialises or restores the
 variables and writes checkpoints); every worker exits 0 once the global step reaches --train-steps.
 When a ps is lost, MonitoredTrainingSession recreates its session, the chief restores the variables from its
-latest checkpoint and the global step goes back to that checkpoint's step (printed as a `resumed` line).
+latest checkpoint, and every worker prints a `resumed` line with the global step it goes on from.
 Only the data loading (`load_data`) is specific to this machine.
 """
 
@@ -31,6 +31,19 @@ def load_data():
 
 def say(kind, task, **fields):
     print(json.dumps({"tf1": kind, "task": task, **fields}), flush=True)
+
+
+class SessionHook(tf.compat.v1.train.SessionRunHook):
+    """Says at which global step each session starts: after the first, a recovered one (a ps came back and the
+    chief restored the variables from its checkpoint)."""
+
+    def __init__(self, task, global_step):
+        self.task, self.global_step, self.sessions = task, global_step, 0
+
+    def after_create_session(self, session, coord):
+        step = int(session.run(self.global_step))
+        self.sessions += 1
+        say("session" if self.sessions == 1 else "resumed", self.task, step=step)
 
 
 def main(argv=None) -> int:
@@ -81,7 +94,7 @@ def main(argv=None) -> int:
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:{task_type}/task:{task_index}"])
     say("start", task, chief=is_chief, checkpoint=tf.train.latest_checkpoint(args.checkpoint_dir) if is_chief else None)
     rng = np.random.default_rng(task_index + (100 if task_type == "chief" else 0))
-    last = None
+    step = None
     with tf.compat.v1.train.MonitoredTrainingSession(
         master=server.target,
         is_chief=is_chief,
@@ -90,20 +103,18 @@ def main(argv=None) -> int:
         save_summaries_steps=None,
         save_summaries_secs=None,
         log_step_count_steps=None,
-        hooks=[tf.compat.v1.train.StopAtStepHook(last_step=args.train_steps)],
+        hooks=[tf.compat.v1.train.StopAtStepHook(last_step=args.train_steps), SessionHook(task, global_step)],
         config=config,
     ) as session:
         while not session.should_stop():
             batch = rng.integers(0, len(x_train), args.batch_size)
+            last = step
             _, step, loss_value, accuracy_value = session.run(
                 [train_op, global_step, loss, accuracy], feed_dict={x: x_train[batch], y: y_train[batch]}
             )
-            if last is not None and step < last:
-                say("resumed", task, step=int(step), lost_from=int(last))
             if last is None or step // args.log_steps != last // args.log_steps:
                 say("progress", task, step=int(step), loss=float(loss_value), accuracy=float(accuracy_value))
-            last = step
-    say("done", task, step=int(last or 0))
+    say("done", task, step=int(step or 0))
     return 0
 
 
