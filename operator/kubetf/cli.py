@@ -211,6 +211,8 @@ def _write_jobs(jobs: list[dict[str, Any]], directory: str | None) -> None:
 def cmd_convert(args: argparse.Namespace) -> int:
     if bool(args.file) == bool(args.from_cluster):
         raise CliError("give the TFJobs to convert with -f FILE|DIRECTORY|- (repeatable) or --from-cluster")
+    if not args.from_cluster and (args.namespace or args.kubeconfig):
+        raise CliError("-n/--namespace and --kubeconfig choose what --from-cluster reads: add --from-cluster")
     sources: list[tuple[str, Any]] = []
     done = _Converted()
     if args.from_cluster:

@@ -434,9 +434,14 @@ def test_convert_cli_writes_one_file_per_job(tmp_path):
     assert result.stderr.splitlines()[-1] == "2 TFJob(s): 2 converted cleanly, 0 converted with notes, 0 not converted"
 
 
-def test_convert_cli_needs_a_source():
+def test_convert_cli_needs_one_source():
     result = kubetf("convert")
     assert result.returncode == 1
     assert result.stderr == (
         "error: give the TFJobs to convert with -f FILE|DIRECTORY|- (repeatable) or --from-cluster\n"
+    )
+    result = kubetf("convert", "-f", "-", "-n", "team-a", stdin="")
+    assert result.returncode == 1
+    assert result.stderr == (
+        "error: -n/--namespace and --kubeconfig choose what --from-cluster reads: add --from-cluster\n"
     )
