@@ -44,12 +44,20 @@ def tf1_records(lines: list[str], kind: str) -> list[dict]:
 
 def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(installed, namespace, tmp_path):
     cluster = installed
-    replica = {
-        "restartPolicy": "OnFailure",
-        "template": {
-            "spec": {"containers": [container("/opt/kubetf/examples/tf1_between_graph.py", "--train-steps", "20000")]}
+    # TF1 checkpoints are written by the ps tasks (each its variables) and the chief: a volume all of them mount,
+    # the way such TFJobs carry one.
+    cluster.core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": "dist-mnist-model"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Mi"}}},
         },
-    }
+    )
+    program = container("/opt/kubetf/examples/tf1_between_graph.py", "--train-steps", "20000", "--checkpoint-dir",
+                        "/model/dist-mnist")  # fmt: skip
+    program["volumeMounts"] = [{"name": "model", "mountPath": "/model"}]
+    volume = {"name": "model", "persistentVolumeClaim": {"claimName": "dist-mnist-model"}}
+    replica = {"restartPolicy": "OnFailure", "template": {"spec": {"containers": [program], "volumes": [volume]}}}
     tfjob = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",

@@ -6,7 +6,8 @@ the variables asynchronously; worker 0 is the chief (no chief task needed: it in
 variables and writes checkpoints); every worker exits 0 once the global step reaches --train-steps.
 When a ps is lost, MonitoredTrainingSession recreates its session, the chief restores the variables from its
 latest checkpoint, and every worker prints a `resumed` line with the global step it goes on from.
-Only the data loading (`load_data`) is specific to this machine.
+Only the data loading (`load_data`) is specific to this machine. --checkpoint-dir must be shared by the chief and
+the ps tasks: each ps writes the shard of the variables it holds (a TrainingJob's `checkpoint` volume, the default).
 """
 
 from __future__ import annotations
