@@ -32,7 +32,8 @@ CRD_FILE = f"{CRD_NAME}.yaml"
 # TF_CONFIG's own job names, in the order TF_CONFIG lists them.
 ROLES = ("chief", "worker", "ps", "evaluator")
 TRAINING_ROLES = ("chief", "worker", "ps")
-STRATEGIES = ("MultiWorkerMirrored", "ParameterServer", "Mirrored")
+# Independent: programs that only read TF_CONFIG (TF1 between-graph, Estimator, custom); see policy.restart_targets.
+STRATEGIES = ("MultiWorkerMirrored", "ParameterServer", "Mirrored", "Independent")
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_JOB = "kubetf.io/job-name"

@@ -55,6 +55,10 @@ def cluster_spec(job: Job, address_of: AddressOf) -> dict[str, list[str]]:
 
 def tf_config(job: Job, role: str, index: int, address_of: AddressOf | None = None) -> dict[str, Any]:
     address_of = address_of or dns_address(job)
+    if role == "evaluator" and api.strategy(job) == "Independent":
+        # Estimator's evaluator refuses a cluster without the chief (RunConfig: 'must have one "chief" node'); it
+        # reads the training cluster, never joins it, and no training task's cluster lists it.
+        return {"cluster": cluster_spec(job, address_of), "task": {"type": role, "index": index}}
     if role == "evaluator":
         return {"cluster": {"evaluator": [address_of(role, index)]}, "task": {"type": role, "index": index}}
     return {"cluster": cluster_spec(job, address_of), "task": {"type": role, "index": index}}
@@ -86,7 +90,7 @@ def task_env(
     if "cpu" in limits:
         threads = api.cpu_threads(limits["cpu"])
         inter_op = threads
-        if api.strategy(job) == "ParameterServer":
+        if "ps" in api.replica_specs(job):
             # A ps/worker server runs one op per connected worker at once: fewer inter-op threads deadlock it.
             workers = api.replica_specs(job).get("worker", {}).get("replicas", 0)
             inter_op = max(threads, workers + 1)

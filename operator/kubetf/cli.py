@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
 
 import yaml
 
 from kubetf import api, builders, jobctl, kube, local
 from kubetf.config import DEFAULTS, OperatorConfig
-from kubetf.convert import ConversionError, convert
+from kubetf.convert import KUBEFLOW_API_VERSION, ConversionError, convert
 from kubetf.kube import Kube
 
 T = TypeVar("T")
@@ -88,22 +90,137 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass
+class _Converted:
+    """What one `kubetf convert` run did, for its summary."""
+
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    clean: int = 0
+    noted: int = 0
+    failed: int = 0
+    skipped: int = 0
+    sources: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) -> where it came from
+
+    def summary(self) -> str:
+        total = self.clean + self.noted + self.failed
+        line = (
+            f"{total} TFJob(s): {self.clean} converted cleanly, {self.noted} converted with notes, "
+            f"{self.failed} not converted"
+        )
+        return line + (f"; {self.skipped} other document(s) skipped" if self.skipped else "")
+
+
+def _convert_one(label: str, document: Any, strategy: str | None, done: _Converted) -> None:
+    if isinstance(document, dict) and document.get("kind") == "List" and isinstance(document.get("items"), list):
+        for i, item in enumerate(document["items"]):  # `kubectl get tfjobs -o yaml`
+            _convert_one(_label(f"{label} item {i + 1}", 0, 1, item), item, strategy, done)
+        return
+    if isinstance(document, dict) and document.get("kind") not in (None, "TFJob"):
+        print(f"{label}: skipped: kind {document['kind']} is not a TFJob", file=sys.stderr)
+        done.skipped += 1
+        return
+    try:
+        conversion = convert(document, strategy)
+    except ConversionError as error:
+        print(f"{label}: not converted: {error}", file=sys.stderr)
+        done.failed += 1
+        return
+    problems = api.validate(conversion.job)
+    for problem in problems:
+        print(f"{label}: not converted: the TrainingJob would be invalid: {problem}", file=sys.stderr)
+    metadata = conversion.job["metadata"]
+    key = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
+    if not problems and key in done.sources:
+        print(f"{label}: not converted: {'/'.join(filter(None, key))} was already converted from {done.sources[key]}",
+              file=sys.stderr)  # fmt: skip
+        problems = [api.Problem("metadata.name", "duplicate")]
+    if problems:
+        done.failed += 1
+        return
+    for note in conversion.notes:
+        print(f"{label}: note: {note}", file=sys.stderr)
+    done.sources[key] = label
+    done.jobs.append(conversion.job)
+    if conversion.notes:
+        done.noted += 1
+    else:
+        done.clean += 1
+
+
+def _files(path: str) -> list[str]:
+    """A path's YAML/JSON files: itself, or every *.yaml, *.yml, *.json under a directory, sorted."""
+    if path == "-" or not os.path.isdir(path):
+        return [path]
+    found = []
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        found += [os.path.join(root, n) for n in sorted(names) if n.endswith((".yaml", ".yml", ".json"))]
+    if not found:
+        raise CliError(f"{path}: no .yaml, .yml or .json files in this directory")
+    return found
+
+
+def _cluster_tfjobs(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """Every TFJob of the cluster (or of -n), as (label, object)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    kube.load_config(args.kubeconfig)
+    namespaces = [args.namespace] if args.namespace else []
+    try:
+        items = list(
+            Kube(DEFAULTS.qps, DEFAULTS.burst).list_paged("tfjobs", namespaces, api_version=KUBEFLOW_API_VERSION)
+        )
+    except ApiException as error:
+        if error.status == 404:
+            raise CliError(
+                f"the cluster serves no {KUBEFLOW_API_VERSION} tfjobs (Kubeflow's TFJob CRD is not installed): "
+                "nothing to convert"
+            ) from error
+        where = f" in namespace {args.namespace}" if args.namespace else " in all namespaces (try -n NAMESPACE)"
+        raise CliError(f"cannot list tfjobs{where}: {error.status} {error.reason}") from error
+    except HTTPError as error:
+        raise CliError(f"cannot reach the cluster: {error}") from error
+    return [(f"tfjob {(i.get('metadata') or {}).get('namespace')}/{(i.get('metadata') or {}).get('name')}", i)
+            for i in items]  # fmt: skip
+
+
+def _write_jobs(jobs: list[dict[str, Any]], directory: str | None) -> None:
+    if directory is None:
+        _dump(jobs, sys.stdout)
+        return
+    for job in jobs:
+        metadata = job["metadata"]
+        folder = os.path.join(directory, metadata["namespace"]) if metadata.get("namespace") else directory
+        os.makedirs(folder, exist_ok=True)
+        target = os.path.join(folder, f"{metadata['name']}.yaml")
+        with open(target, "w", encoding="utf-8") as handle:
+            _dump([job], handle)
+        print(f"wrote {target}", file=sys.stderr)
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
-    documents = _documents(args.file)
-    jobs = []
-    for i, document in enumerate(documents):
-        label = _label(args.file, i, len(documents), document)
+    if bool(args.file) == bool(args.from_cluster):
+        raise CliError("give the TFJobs to convert with -f FILE|DIRECTORY|- (repeatable) or --from-cluster")
+    if not args.from_cluster and (args.namespace or args.kubeconfig):
+        raise CliError("-n/--namespace and --kubeconfig choose what --from-cluster reads: add --from-cluster")
+    sources: list[tuple[str, Any]] = []
+    done = _Converted()
+    if args.from_cluster:
+        sources = _cluster_tfjobs(args)
+    for path in [f for given in args.file or [] for f in _files(given)]:
         try:
-            conversion = convert(document)
-        except ConversionError as error:
-            raise CliError(f"{label}: {error}") from error
-        for note in conversion.notes:
-            print(f"{label}: note: {note}", file=sys.stderr)
-        for problem in api.validate(conversion.job):
-            print(f"{label}: warning: the converted job is not valid yet: {problem}", file=sys.stderr)
-        jobs.append(conversion.job)
-    _dump(jobs, sys.stdout)
-    return 0
+            documents = _documents(path)
+        except CliError as error:
+            print(f"{error}; not converted", file=sys.stderr)
+            done.failed += 1
+            continue
+        sources += [(_label(path, i, len(documents), d), d) for i, d in enumerate(documents)]
+    for label, document in sources:
+        _convert_one(label, document, args.strategy, done)
+    _write_jobs(done.jobs, args.output_dir)
+    print(done.summary(), file=sys.stderr)
+    return 1 if done.failed else 0
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -205,8 +322,26 @@ def build_parser() -> argparse.ArgumentParser:
     _file_argument(validate, "TrainingJob YAML, one or more documents ('-' for stdin)")
     validate.set_defaults(handler=cmd_validate)
 
-    conv = commands.add_parser("convert", help="turn a Kubeflow TFJob (kubeflow.org/v1) into a TrainingJob")
-    _file_argument(conv, "TFJob YAML ('-' for stdin)")
+    conv = commands.add_parser(
+        "convert",
+        help="turn Kubeflow TFJobs (kubeflow.org/v1) into TrainingJobs",
+        description="Convert Kubeflow TFJobs to TrainingJobs: the jobs go to stdout (or --output-dir), notes on what "
+        "did not carry over as is and a summary to stderr. Exit 1 when any TFJob could not be converted.",
+    )
+    conv.add_argument(
+        "-f", "--filename", dest="file", action="append", metavar="PATH",
+        help="a YAML stream, a directory of .yaml/.yml/.json files, or '-' for stdin (repeatable)",
+    )  # fmt: skip
+    conv.add_argument("--from-cluster", action="store_true", help="convert the TFJobs of the cluster")
+    conv.add_argument("-n", "--namespace", help="with --from-cluster: only this namespace (default: all namespaces)")
+    conv.add_argument(
+        "--kubeconfig", help="with --from-cluster: kubeconfig file (default: KUBECONFIG or ~/.kube/config)"
+    )
+    conv.add_argument(
+        "--strategy", choices=api.STRATEGIES,
+        help="the strategy of every converted job (default: chosen from each TFJob's layout, ambiguity noted)",
+    )  # fmt: skip
+    conv.add_argument("-o", "--output-dir", metavar="DIR", help="write DIR/NAMESPACE/NAME.yaml per job, not stdout")
     conv.set_defaults(handler=cmd_convert)
 
     local_run = commands.add_parser("local", help="run a TrainingJob's replicas as local processes, no cluster")

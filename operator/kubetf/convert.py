@@ -1,4 +1,8 @@
-"""Kubeflow `kubeflow.org/v1` TFJob -> TrainingJob, with a note for everything that cannot be carried over."""
+"""Kubeflow `kubeflow.org/v1` TFJob -> TrainingJob, with a note for everything that does not carry over as is.
+
+Kubeflow's defaults (training-operator v1.9.4, `tensorflow_defaults.go`) are made explicit where kubetf's differ:
+a replica's restartPolicy defaults to Never there (OnFailure here); cleanPodPolicy to None there (Running here).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,33 @@ from kubetf import api
 KUBEFLOW_API_VERSION = "kubeflow.org/v1"
 KUBEFLOW_PORT_NAME = "tfjob-port"
 KUBEFLOW_DEFAULT_PORT = 2222
+KUBEFLOW_RESTART_POLICY = "Never"
+KUBEFLOW_CONTROLLER = "kubeflow.org/training-operator"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+# The pod labels Kubeflow sets that a template can carry (the same on every pod of a replica type); users select
+# on them. `replica-index`, `operator-name`, and `job-role` on worker 0 differ per pod or name Kubeflow's
+# operator: see README ("Moving from Kubeflow's TFJob").
+LABEL_JOB_NAME = "training.kubeflow.org/job-name"
+LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+LABEL_JOB_ROLE = "training.kubeflow.org/job-role"
 
 # Kubeflow's replica types (case-insensitive there) -> TF_CONFIG roles.
 ROLE_OF = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
 RESTART_POLICY_OF = {"OnFailure": "OnFailure", "Never": "Never", "ExitCode": "ExitCode", "Always": "OnFailure"}
 RUN_POLICY_FIELDS = ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "cleanPodPolicy", "suspend")
+LEGACY_RUN_POLICY_FIELDS = ("cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
+GANG_SCHEDULING = "kubetf has no gang scheduling: it creates every pod at once, and runPolicy.startupTimeoutSeconds"
+SCHEDULING_NOTES = {
+    "queue": "not carried over: kubetf does not queue jobs yet (Kueue support will make it the "
+    f"{KUEUE_QUEUE_LABEL} label)",
+    "minAvailable": f"not carried over: {GANG_SCHEDULING} fails a job whose pods cannot all start",
+    "minResources": f"not carried over: {GANG_SCHEDULING} fails a job whose pods cannot all start",
+    "scheduleTimeoutSeconds": "not carried over: runPolicy.startupTimeoutSeconds (default 600) fails the job when "
+    "its pods are still not running after that long",
+}
+TFJOB_SPEC_FIELDS = ("tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker", *LEGACY_RUN_POLICY_FIELDS)
 
 
 class ConversionError(ValueError):
@@ -28,19 +54,25 @@ class Conversion:
     notes: list[str] = field(default_factory=list)
 
 
-def convert(tfjob: Any) -> Conversion:
+def convert(tfjob: Any, strategy: str | None = None) -> Conversion:
+    """The TrainingJob for a TFJob. `strategy` overrides the one the layout suggests (see `_strategy`)."""
     if not isinstance(tfjob, dict) or tfjob.get("kind") != "TFJob":
-        raise ConversionError("expected a Kubeflow TFJob (kind: TFJob)")
+        kind = tfjob.get("kind") if isinstance(tfjob, dict) else type(tfjob).__name__
+        raise ConversionError(f"expected a Kubeflow TFJob (kind: TFJob), got {kind!r}")
     if tfjob.get("apiVersion") != KUBEFLOW_API_VERSION:
         raise ConversionError(f"apiVersion must be {KUBEFLOW_API_VERSION}, got {tfjob.get('apiVersion')!r}")
+    if strategy is not None and strategy not in api.STRATEGIES:
+        raise ConversionError(f"strategy {strategy!r}: must be one of {', '.join(api.STRATEGIES)}")
     spec = tfjob.get("spec") or {}
     replica_specs = spec.get("tfReplicaSpecs")
     if not isinstance(replica_specs, dict) or not replica_specs:
         raise ConversionError("spec.tfReplicaSpecs: required, with at least one replica type")
 
     notes: list[str] = []
-    metadata = {k: v for k, v in (tfjob.get("metadata") or {}).items() if k in ("name", "namespace", "labels")}
+    name = (tfjob.get("metadata") or {}).get("name")
+    metadata = _metadata(tfjob.get("metadata") or {}, notes)
     out_specs: dict[str, dict[str, Any]] = {}
+    kubeflow_types: dict[str, str] = {}
     ports: set[int] = set()
     for kubeflow_type, replica in replica_specs.items():
         path = f"spec.tfReplicaSpecs.{kubeflow_type}"
@@ -51,52 +83,101 @@ def convert(tfjob: Any) -> Conversion:
             raise ConversionError(f"{path}: a second {role} replica type (Chief and Master are the same role)")
         if str(kubeflow_type).lower() == "master":
             notes.append(f"{path}: Master became chief (TF_CONFIG job name 'chief' instead of 'master')")
+        if role == "evaluator":
+            notes.append(
+                f"{path}: the evaluator is not in the training tasks' TF_CONFIG cluster (Kubeflow listed it there, "
+                "which hangs TF2 ParameterServer training)"
+            )
         out_specs[role], port = _replica(replica or {}, path, notes)
+        labels = out_specs[role]["template"].setdefault("metadata", {}).setdefault("labels", {})
+        labels |= {LABEL_JOB_NAME: str(name or ""), LABEL_REPLICA_TYPE: str(kubeflow_type).lower()}
+        if role == "chief":
+            labels[LABEL_JOB_ROLE] = "master"
+        kubeflow_types[role] = str(kubeflow_type)
         if port is not None:
             ports.add(port)
 
-    job_spec: dict[str, Any] = {"strategy": _strategy(out_specs, notes), "replicaSpecs": out_specs}
+    if sum(r.get("replicas", 1) for r in out_specs.values()) == 1:
+        notes.append(
+            "spec.tfReplicaSpecs: a single replica: Kubeflow set no TF_CONFIG, kubetf sets one naming only this task"
+        )
+    success_policy = spec.get("successPolicy") or "ChiefOrWorker0"
+    chosen = strategy or _strategy(out_specs, kubeflow_types, success_policy, notes)
+    job_spec: dict[str, Any] = {"strategy": chosen, "replicaSpecs": out_specs}
     if len(ports) > 1:
         notes.append(f"containers declare different {KUBEFLOW_PORT_NAME} ports {sorted(ports)}: using {min(ports)}")
     if ports and min(ports) != KUBEFLOW_DEFAULT_PORT:
         job_spec["port"] = min(ports)
 
     run_policy = dict(spec.get("runPolicy") or {})
-    for legacy in ("cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
+    for legacy in LEGACY_RUN_POLICY_FIELDS:
         if legacy in spec:  # pre-v1 placement at the top of the spec
             run_policy.setdefault(legacy, spec[legacy])
     carried = {k: run_policy[k] for k in RUN_POLICY_FIELDS if run_policy.get(k) is not None}
+    if "ps" in out_specs and "cleanPodPolicy" not in carried:
+        notes.append(
+            "spec.runPolicy.cleanPodPolicy: not set, so Kubeflow (default None) left ps pods running after the job "
+            "ended; kubetf's default Running stops them (set cleanPodPolicy: None to keep them)"
+        )
+    _scheduling_policy(run_policy.get("schedulingPolicy"), out_specs, notes)
+    _managed_by(run_policy.get("managedBy"), notes)
+    for dropped in sorted(set(run_policy) - {*RUN_POLICY_FIELDS, "schedulingPolicy", "managedBy"}):
+        notes.append(f"spec.runPolicy.{dropped}: not carried over (kubetf has no equivalent)")
     if carried:
         job_spec["runPolicy"] = carried
-    for dropped in sorted(set(run_policy) - set(RUN_POLICY_FIELDS)):
-        notes.append(f"spec.runPolicy.{dropped}: not carried over (kubetf has no equivalent)")
-    if spec.get("successPolicy") == "AllWorkers":
+    if success_policy == "AllWorkers":
         job_spec["successPolicy"] = "AllWorkers"
     if spec.get("enableDynamicWorker"):
         notes.append("spec.enableDynamicWorker: not carried over; kubetf keeps a fixed set of tasks")
+    for unknown in sorted(set(spec) - set(TFJOB_SPEC_FIELDS)):
+        notes.append(f"spec.{unknown}: not carried over (not a TFJob field kubetf knows)")
 
     job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": job_spec}
     return Conversion(job, notes)
 
 
+def _metadata(source: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """Name, namespace, labels and the user's annotations; what the API server set (uid, managedFields...) goes."""
+    metadata = {k: copy.deepcopy(source[k]) for k in ("name", "namespace", "labels") if source.get(k)}
+    annotations = {k: v for k, v in (source.get("annotations") or {}).items() if k != LAST_APPLIED}
+    if annotations:
+        metadata["annotations"] = annotations
+    if KUEUE_QUEUE_LABEL in (source.get("labels") or {}):
+        notes.append(
+            f"metadata.labels[{KUEUE_QUEUE_LABEL}]: kept, but kubetf does not work with Kueue yet: "
+            "the job starts without waiting for admission"
+        )
+    return metadata
+
+
 def _replica(replica: dict[str, Any], path: str, notes: list[str]) -> tuple[dict[str, Any], int | None]:
     template = copy.deepcopy(replica.get("template") or {})
     out: dict[str, Any] = {"replicas": replica.get("replicas", 1)}
-    policy = replica.get("restartPolicy")
-    if policy is not None:
-        if policy not in RESTART_POLICY_OF:
-            raise ConversionError(f"{path}.restartPolicy: unknown value {policy!r}")
-        out["restartPolicy"] = RESTART_POLICY_OF[policy]
-        if policy == "Always":
-            notes.append(
-                f"{path}.restartPolicy: Always became OnFailure (kubetf never re-runs a task that exited 0); "
-                "failures are now limited by runPolicy.backoffLimit"
-            )
+    policy = replica.get("restartPolicy") or KUBEFLOW_RESTART_POLICY
+    if policy not in RESTART_POLICY_OF:
+        raise ConversionError(f"{path}.restartPolicy: unknown value {policy!r} (Always, OnFailure, Never, ExitCode)")
+    out["restartPolicy"] = RESTART_POLICY_OF[policy]
+    if policy == "Always":
+        notes.append(
+            f"{path}.restartPolicy: Always became OnFailure (kubetf never re-runs a task that exited 0); "
+            "failures are now limited by runPolicy.backoffLimit"
+        )
+    if policy == "ExitCode":
+        notes.append(
+            f"{path}.restartPolicy: ExitCode now retries exit codes 128-255 up to runPolicy.backoffLimit "
+            "(Kubeflow retried them without limit); 137, 143 and 42 are preemptions and never count"
+        )
     pod_spec = template.get("spec") or {}
     if pod_spec.pop("restartPolicy", None) is not None:
         notes.append(f"{path}.template.spec.restartPolicy: dropped; the operator restarts pods itself")
+    containers = pod_spec.get("containers") or []
+    if containers and not any(c.get("name") == api.TRAINING_CONTAINER for c in containers):
+        notes.append(
+            f"{path}.template.spec.containers: none is named {api.TRAINING_CONTAINER}: Kubeflow gave TF_CONFIG to "
+            f"no container, kubetf gives it to the first ({containers[0].get('name')})"
+        )
     port = None
-    for container in pod_spec.get("containers") or []:
+    for container in containers:
         kept = []
         for container_port in container.get("ports") or []:
             if container_port.get("name") == KUBEFLOW_PORT_NAME:
@@ -112,16 +193,55 @@ def _replica(replica: dict[str, Any], path: str, notes: list[str]) -> tuple[dict
     return out, port
 
 
-def _strategy(replica_specs: dict[str, dict[str, Any]], notes: list[str]) -> str:
-    if "ps" in replica_specs:
-        if "chief" not in replica_specs:
-            notes.append(
-                "spec.tfReplicaSpecs: PS without Chief is a TF1 (Estimator) layout; TF2's ParameterServerStrategy "
-                "needs a chief to run the coordinator: add a chief replica"
-            )
-        return "ParameterServer"
+def _strategy(
+    replica_specs: dict[str, dict[str, Any]], kubeflow_types: dict[str, str], success_policy: str, notes: list[str]
+) -> str:
+    """The strategy a TFJob's layout implies; a note where the layout fits more than one kind of program.
+
+    PS without a chief is TF1 between-graph training (TF2's ParameterServerStrategy needs a chief to coordinate):
+    Independent. PS with a chief is either TF2 ParameterServerStrategy or TF1/Estimator (the chief trains too):
+    AllWorkers or a legacy Master says TF1; otherwise ParameterServer, and the user is told how to choose.
+    Without PS: MultiWorkerMirrored, whose whole-group restart is also safe for tasks that could restart alone.
+    """
+    if "ps" not in replica_specs:
+        return "MultiWorkerMirrored"
+    chief_type = kubeflow_types.get("chief")
+    if chief_type is None:
+        return "Independent"
+    if success_policy == "AllWorkers":
+        return "Independent"  # ParameterServer's workers never exit: AllWorkers can only mean TF1
+    picked, why = "ParameterServer", "TF2 ParameterServerStrategy: the chief coordinates, workers and ps serve"
+    if chief_type.lower() == "master":
+        picked, why = "Independent", "the legacy Master type is TF1/Estimator's: every task trains on its own"
     notes.append(
-        "spec.strategy: MultiWorkerMirrored chosen (no PS replicas); it decides what restarts together, "
-        "so set it to the strategy the program uses"
+        f"spec.tfReplicaSpecs: PS with {chief_type} fits TF2 ParameterServerStrategy and TF1/Estimator training; "
+        f"chose {picked} ({why}); if the program is the other kind, convert again with --strategy "
+        f"{'Independent' if picked == 'ParameterServer' else 'ParameterServer'}"
     )
-    return "MultiWorkerMirrored"
+    return picked
+
+
+def _scheduling_policy(policy: Any, replica_specs: dict[str, dict[str, Any]], notes: list[str]) -> None:
+    for key, value in (policy or {}).items():
+        path = f"spec.runPolicy.schedulingPolicy.{key}"
+        if key == "priorityClass" and value:
+            for spec in replica_specs.values():
+                spec["template"].setdefault("spec", {}).setdefault("priorityClassName", value)
+            notes.append(
+                f"{path}: set as priorityClassName on every pod template that has none "
+                "(Kubeflow gave it to the gang-scheduling PodGroup)"
+            )
+        elif value not in (None, "", {}):
+            notes.append(f"{path}: {SCHEDULING_NOTES.get(key, 'not carried over (kubetf has no equivalent)')}")
+
+
+def _managed_by(value: Any, notes: list[str]) -> None:
+    if not value:
+        return
+    if value == KUBEFLOW_CONTROLLER:
+        notes.append(f"spec.runPolicy.managedBy: {value} dropped: the kubetf operator runs every TrainingJob")
+    else:
+        notes.append(
+            f"spec.runPolicy.managedBy: {value} not carried over: kubetf has no external controller hand-off "
+            "(MultiKueue dispatch included); the kubetf operator of the cluster you apply it to runs the job"
+        )

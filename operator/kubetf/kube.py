@@ -174,29 +174,32 @@ class Kube:
         items: list[Obj] = result["items"]
         return items, int(result["metadata"].get("resourceVersion") or 0)
 
-    def list_paged(self, resource: str, namespaces: Iterable[str], label_selector: str = "") -> Iterator[Obj]:
-        """Every pod or TrainingJob (resource "pods" or the plural) in `namespaces` (none: all), page by page."""
+    def list_paged(
+        self, resource: str, namespaces: Iterable[str], label_selector: str = "", api_version: str = api.API_VERSION
+    ) -> Iterator[Obj]:
+        """Every pod, or custom object (its plural and `api_version`), in `namespaces` (none: all), page by page."""
         for namespace in list(namespaces) or [""]:
             token = None
             while True:
                 kwargs: dict[str, Any] = {"limit": PAGE_SIZE, "label_selector": label_selector}
                 if token:
                     kwargs["_continue"] = token
-                fn, args = self._lister(resource, namespace)
+                fn, args = self._lister(resource, namespace, api_version)
                 page = self._call("list", resource, fn, *args, **kwargs)
                 yield from page["items"]
                 token = (page.get("metadata") or {}).get("continue")
                 if not token:
                     break
 
-    def _lister(self, resource: str, namespace: str) -> tuple[Any, tuple[str, ...]]:
+    def _lister(self, resource: str, namespace: str, api_version: str) -> tuple[Any, tuple[str, ...]]:
         if resource == "pods":
             if namespace:
                 return self.core.list_namespaced_pod, (namespace,)
             return self.core.list_pod_for_all_namespaces, ()
+        group, version = api_version.split("/")
         if namespace:
-            return self.custom.list_namespaced_custom_object, (api.GROUP, api.VERSION, namespace, resource)
-        return self.custom.list_cluster_custom_object, (api.GROUP, api.VERSION, resource)
+            return self.custom.list_namespaced_custom_object, (group, version, namespace, resource)
+        return self.custom.list_cluster_custom_object, (group, version, resource)
 
     def create(self, obj: Obj) -> Obj | None:
         """Create a Pod, Service or PVC. Returns the object, or None when one of that name already exists."""

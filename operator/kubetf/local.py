@@ -12,8 +12,11 @@ are rewritten by `--map IMAGE_PATH=LOCAL_PATH` (default: `/opt/kubetf` = the dir
 The checkpoint volume is `checkpoint.mountPath` when that directory exists and is writable, else
 `WORKDIR/checkpoint`. WORKDIR (default `$TMPDIR/kubetf-local/<job>`) also gets `logs/role-index.log`.
 
+Before starting anything it checks that the Python the tasks run can import TensorFlow, and says what to install.
+
 Restarts follow the operator's rules (`kubetf.policy`): MultiWorkerMirrored restarts the whole chief+worker
-group, ParameterServer a worker alone or a ps together with the chief, the evaluator alone; exits by a signal
+group, ParameterServer a worker alone or a ps together with the chief, Independent and the evaluator every task
+alone; exits by a signal
 (137/143) or 42 are disruptions, other non-zero exits failures under `backoffLimit` (with backoff) and the
 role's `restartPolicy`. The return value is the job's exit code: 0 when it succeeded per `successPolicy`.
 """
@@ -44,6 +47,12 @@ Task = tuple[str, int]
 PREFIX = "kubetf-local | "
 IMAGE_ENV_DEFAULTS = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 PYTHON_NAMES = {"python", "python3", "python3.11"}
+# find_spec, not an import: TensorFlow takes seconds to import on a small machine.
+HAS_TENSORFLOW = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorflow') is None)"
+INSTALL_TENSORFLOW = (
+    "install the trainer extra into it (pip install '.[trainer]' in a kubetf checkout: tensorflow-cpu, tf-keras, "
+    "scikit-learn), or name an interpreter that has TensorFlow with --python"
+)
 
 
 def default_path_map() -> dict[str, str]:
@@ -241,6 +250,21 @@ class LocalJob:
             f"checkpoint {ckpt or '(none)'}"
         )
 
+    def check_tensorflow(self) -> None:
+        """Refuse to start when a Python the tasks run cannot import TensorFlow (`pip install .` has none)."""
+        checked = set()
+        for replica in self.replicas.values():
+            program = replica.argv[0]
+            if program in checked or (program != self.python and os.path.basename(program) not in PYTHON_NAMES):
+                continue
+            checked.add(program)
+            try:
+                found = subprocess.run([program, "-c", HAS_TENSORFLOW], env=replica.env, capture_output=True)
+            except OSError as error:
+                raise ValueError(f"{program}: cannot run it ({error.strerror}): {INSTALL_TENSORFLOW}") from error
+            if found.returncode != 0:
+                raise ValueError(f"{program} cannot import tensorflow ({replica.label} runs it): {INSTALL_TENSORFLOW}")
+
     # ------------------------------------------------------------------ processes
     def start(self, replica: Replica) -> None:
         replica.attempt += 1
@@ -312,6 +336,7 @@ class LocalJob:
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
         self.prepare()
+        self.check_tensorflow()
         previous = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(ValueError):  # not the main thread

@@ -98,7 +98,7 @@ def restart_targets(job: Job, role: str, index: int) -> list[Task]:
 
     MultiWorkerMirrored: collectives need every peer, so the whole chief+worker group. ParameterServer: a worker
     rejoins alone; a lost ps loses variables the coordinator (chief) holds handles to, so the ps and the chief.
-    The evaluator is a sidecar and restarts alone.
+    The evaluator is a sidecar and restarts alone. Independent: every task alone (below).
     """
     if role == "evaluator":
         return [(role, index)]
@@ -107,11 +107,29 @@ def restart_targets(job: Job, role: str, index: int) -> list[Task]:
         return [task for task in api.tasks(job) if task[0] in ("chief", "worker")]
     if strategy == "ParameterServer" and role == "ps":
         return [task for task in api.tasks(job) if task == ("chief", 0)] + [(role, index)]
+    # Independent: programs that only read TF_CONFIG and hold no collective or coordinator state across tasks,
+    # chiefly TF1 between-graph training (tf.compat.v1 MonitoredTrainingSession, Estimator). Each task restarts
+    # alone, as Kubeflow's TFJob restarts them:
+    # - a worker dies: the others train on (asynchronous updates; SyncReplicasOptimizer waits for a quorum); the
+    #   new pod gets the same name, waits for the model to be ready on the ps and rejoins.
+    # - a ps dies: its variables are gone. Every worker's next step fails with UnavailableError/AbortedError, which
+    #   MonitoredTrainingSession catches: it recreates its session, waiting until the ps is back at the same
+    #   address; the chief then restores the variables from its latest checkpoint and the other workers wait
+    #   until they are initialised. Restarting workers or the chief would only lose their place in the input.
+    # - the chief (or worker 0 without a chief: TF1's is_chief) dies: it restores from the checkpoint it wrote and
+    #   resumes; the variables on the ps were never lost. Estimator's evaluator only reads checkpoints.
+    # A program that cannot survive these (a plain tf.compat.v1.Session) exits non-zero and is restarted in turn.
     return [(role, index)]
 
 
 def success_tasks(job: Job) -> list[Task]:
-    """The tasks whose exit 0 means the job succeeded (successPolicy)."""
+    """The tasks whose exit 0 means the job succeeded (successPolicy).
+
+    ChiefOrWorker0: the chief, else worker 0, which is TF1's chief (is_chief) in a layout without one. AllWorkers:
+    every chief and worker, meaningful where workers exit when done (MultiWorkerMirrored, Independent); the CRD
+    refuses it for ParameterServer, whose workers serve until stopped. ps tasks never count: they serve forever
+    (TF1's `server.join()` and TF2's alike) and cleanPodPolicy stops them.
+    """
     specs = api.replica_specs(job)
     if job["spec"]["successPolicy"] == "AllWorkers":
         return [task for task in api.tasks(job) if task[0] in ("chief", "worker")]

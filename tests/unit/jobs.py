@@ -23,6 +23,11 @@ def job(name: str = "mnist", strategy: str = "MultiWorkerMirrored", namespace: s
     }
 
 
+def with_spec(document: dict, **spec: Any) -> dict:
+    document["spec"].update(spec)
+    return document
+
+
 # (description, job): valid jobs covering every strategy and role mix.
 VALID_JOBS = [
     ("mwms workers only", job(worker=replica(2))),
@@ -34,6 +39,14 @@ VALID_JOBS = [
         job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(2), evaluator=replica(1)),
     ),
     ("ps minimal", job(strategy="ParameterServer", chief=replica(1), worker=replica(1), ps=replica(1))),
+    ("independent tf1 between-graph", job(strategy="Independent", worker=replica(2), ps=replica(1))),
+    (
+        "independent estimator, all workers",
+        with_spec(
+            job(strategy="Independent", chief=replica(1), worker=replica(2), ps=replica(2), evaluator=replica(1)),
+            successPolicy="AllWorkers",
+        ),
+    ),
     ("mirrored chief", job(strategy="Mirrored", chief=replica(1, gpus=2))),
     ("mirrored worker with evaluator", job(strategy="Mirrored", worker=replica(1), evaluator=replica(1))),
 ]

@@ -66,9 +66,12 @@ def test_every_tf_config_address_is_a_pod_the_headless_service_selects(descripti
             assert selects(service, target)
             ports = [p["containerPort"] for c in target["spec"]["containers"] for p in c.get("ports", [])]
             assert port in ports
-        # The task's own entry is its own address.
-        own = config["cluster"][config["task"]["type"]][config["task"]["index"]]
-        assert by_dns[own] is pod
+        # The task's own entry is its own address (an Independent job's evaluator has none: it only reads).
+        if config["task"]["type"] in config["cluster"]:
+            own = config["cluster"][config["task"]["type"]][config["task"]["index"]]
+            assert by_dns[own] is pod
+        else:
+            assert (document["spec"]["strategy"], config["task"]["type"]) == ("Independent", "evaluator")
 
 
 @pytest.mark.parametrize("description,document", VALID_JOBS, ids=[d for d, _ in VALID_JOBS])
@@ -77,7 +80,10 @@ def test_evaluator_is_outside_the_training_cluster(description, document):
     for pod in pods:
         config = tf_config_of(pod)
         role = pod["metadata"]["labels"]["kubetf.io/role"]
-        if role == "evaluator":
+        if role == "evaluator" and document["spec"]["strategy"] == "Independent":
+            # Estimator's evaluator needs the chief in its cluster; it still never joins the training cluster.
+            assert config == {"cluster": tf_config_of(pods[0])["cluster"], "task": {"type": "evaluator", "index": 0}}
+        elif role == "evaluator":
             assert config == {
                 "cluster": {"evaluator": ["mnist-evaluator-0.mnist.team-a.svc:2222"]},
                 "task": {"type": "evaluator", "index": 0},
@@ -120,8 +126,9 @@ def test_thread_env_follows_the_cpu_limit():
     assert "OMP_NUM_THREADS" not in env_of(no_limit)
 
 
-def test_parameter_server_tasks_get_an_inter_op_thread_per_worker():
-    document = job(strategy="ParameterServer", chief=replica(1), worker=replica(3), ps=replica(1))
+@pytest.mark.parametrize("strategy", ["ParameterServer", "Independent"])
+def test_jobs_with_ps_servers_get_an_inter_op_thread_per_worker(strategy):
+    document = job(strategy=strategy, chief=replica(1), worker=replica(3), ps=replica(1))
     for spec in document["spec"]["replicaSpecs"].values():
         spec["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     pods, _, _ = rendered(document)

@@ -10,6 +10,10 @@ PS = api.with_defaults(
     job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(2), evaluator=replica(1))
 )
 MIRRORED = api.with_defaults(job(strategy="Mirrored", worker=replica(1)))
+TF1 = api.with_defaults(job(strategy="Independent", worker=replica(2), ps=replica(2)))
+ESTIMATOR = api.with_defaults(
+    job(strategy="Independent", chief=replica(1), worker=replica(2), ps=replica(1), evaluator=replica(1))
+)
 
 
 @pytest.mark.parametrize(
@@ -23,6 +27,14 @@ MIRRORED = api.with_defaults(job(strategy="Mirrored", worker=replica(1)))
         (PS, "chief", 0, [("chief", 0)]),
         (PS, "evaluator", 0, [("evaluator", 0)]),
         (MIRRORED, "worker", 0, [("worker", 0)]),
+        # Independent: MonitoredTrainingSession survives a lost ps (the chief restores it from its checkpoint), a
+        # lost worker does not stall the others, a lost chief resumes from its own checkpoint.
+        (TF1, "ps", 1, [("ps", 1)]),
+        (TF1, "worker", 0, [("worker", 0)]),
+        (TF1, "worker", 1, [("worker", 1)]),
+        (ESTIMATOR, "chief", 0, [("chief", 0)]),
+        (ESTIMATOR, "ps", 0, [("ps", 0)]),
+        (ESTIMATOR, "evaluator", 0, [("evaluator", 0)]),
     ],
 )
 def test_restart_exactly_what_tensorflow_needs(document, role, index, expected):
@@ -120,3 +132,12 @@ def test_success_policy():
     assert policy.success_tasks(workers_only) == [("worker", 0), ("worker", 1), ("worker", 2)]
     assert not policy.succeeded(workers_only, {("worker", 0), ("worker", 1)})
     assert policy.succeeded(workers_only, {("worker", 0), ("worker", 1), ("worker", 2)})
+
+
+def test_success_of_independent_jobs():
+    # No chief: worker 0 is TF1's chief. AllWorkers: TF1 workers exit when the global step is reached.
+    assert policy.success_tasks(TF1) == [("worker", 0)]
+    assert policy.success_tasks(ESTIMATOR) == [("chief", 0)]
+    all_workers = dict(ESTIMATOR, spec=dict(ESTIMATOR["spec"], successPolicy="AllWorkers"))
+    assert policy.success_tasks(all_workers) == [("chief", 0), ("worker", 0), ("worker", 1)]
+    assert not policy.succeeded(all_workers, {("chief", 0), ("worker", 0), ("ps", 0)})

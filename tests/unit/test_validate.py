@@ -66,7 +66,8 @@ BAD_INPUT = [
     (
         "unknown strategy",
         lambda d: d["spec"].update(strategy="Horovod"),
-        "spec.strategy: unsupported value 'Horovod': must be one of MultiWorkerMirrored, ParameterServer, Mirrored",
+        "spec.strategy: unsupported value 'Horovod': must be one of MultiWorkerMirrored, ParameterServer, Mirrored, "
+        "Independent",
     ),
     (
         "name not a DNS label",
@@ -81,7 +82,28 @@ BAD_INPUT = [
     (
         "ps without ParameterServer",
         lambda d: d["spec"]["replicaSpecs"].update(ps=replica(1)),
-        "spec.replicaSpecs: ps replicas only take part in strategy ParameterServer",
+        "spec.replicaSpecs: ps replicas only take part in strategy ParameterServer or Independent",
+    ),
+    (
+        "ParameterServer without chief",
+        lambda d: (
+            d["spec"].update(strategy="ParameterServer"),
+            d["spec"]["replicaSpecs"].update(ps=replica(1)),
+            d["spec"]["replicaSpecs"].pop("chief"),
+        ),
+        "spec.replicaSpecs: strategy ParameterServer needs a chief: it runs the coordinator (TF1 between-graph "
+        "training, where worker 0 acts as chief, is strategy Independent)",
+    ),
+    (
+        "ParameterServer with AllWorkers",
+        lambda d: d["spec"].update(
+            strategy="ParameterServer",
+            successPolicy="AllWorkers",
+            replicaSpecs=d["spec"]["replicaSpecs"] | {"ps": replica(1)},
+        ),
+        "spec.successPolicy: successPolicy AllWorkers can never succeed under strategy ParameterServer: its workers "
+        "serve until stopped and never exit; use ChiefOrWorker0, or strategy Independent if every worker trains and "
+        "exits (TF1, Estimator)",
     ),
     (
         "ParameterServer without ps",
@@ -174,7 +196,7 @@ def test_validate_cli_prints_one_line_per_problem_per_document(tmp_path):
     assert lines == [
         f"{path} document 2 (mnist): spec.replicaSpecs.worker.replicas: must be at least 0, got -2",
         f"{path} document 2 (mnist): spec.strategy: unsupported value 'Nope': must be one of "
-        "MultiWorkerMirrored, ParameterServer, Mirrored",
+        "MultiWorkerMirrored, ParameterServer, Mirrored, Independent",
     ]
     assert "Traceback" not in result.stderr
 

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-STRATEGIES = ("MultiWorkerMirrored", "ParameterServer", "Mirrored")
+STRATEGIES = ("MultiWorkerMirrored", "ParameterServer", "Mirrored", "Independent")
 TRAINING_ROLES = ("chief", "worker", "ps")
 
 

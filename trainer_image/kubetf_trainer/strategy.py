@@ -69,7 +69,8 @@ def make_strategy(
     - ``ParameterServer``: on the chief (coordinator) a ParameterServerStrategy over the TF_CONFIG
       cluster; on workers and ps this call serves the cluster and never returns (see ``run_server``).
     - ``Mirrored``: MirroredStrategy over the local GPUs (or ``cpu_replicas`` logical CPUs).
-    - the evaluator always gets the default (no-op) strategy.
+    - ``Independent`` (TF1 between-graph, Estimator: programs that only read TF_CONFIG) and the evaluator
+      get the default (no-op) strategy: the program distributes itself.
 
     ``kind`` defaults to ``KUBETF_STRATEGY`` (or what TF_CONFIG implies).
     """
@@ -78,7 +79,7 @@ def make_strategy(
     kind = kind or info.strategy
     if info.strategy != kind and os.environ.get("KUBETF_STRATEGY"):
         log.warning("kubetf_trainer: job strategy is %s but this program uses %s", info.strategy, kind)
-    if info.is_evaluator:
+    if info.is_evaluator or kind == "Independent":
         return tf.distribute.get_strategy()
     if kind == "MultiWorkerMirrored":
         impl = (
