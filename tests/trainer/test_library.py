@@ -37,6 +37,12 @@ def test_task_info_reads_what_the_operator_injects():
     assert evaluator.is_evaluator and evaluator.cluster == {"evaluator": ["localhost:2000"]}
 
 
+def test_every_strategy_the_operator_accepts_is_known_to_the_library():
+    for strategy in api.STRATEGIES:
+        job = make_job("j", strategy, {"worker": 1}, [], example="mnist_mwms.py")
+        assert task_info(_env(job, "worker", 0)).strategy == strategy
+
+
 def test_worker0_is_chief_without_a_chief_and_standalone_defaults():
     job = make_job("m", "MultiWorkerMirrored", {"worker": 2}, [], example="mnist_mwms.py")
     assert task_info(_env(job, "worker", 0)).is_chief
