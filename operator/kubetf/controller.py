@@ -54,9 +54,13 @@ class Controller:
             key = _pod_job(pod)
             if key is not None:
                 self.store.put_pod(key, pod)
+        self.requeue_all()
+        log.info("cache primed: %d jobs, %d pods", self.store.job_count(), self.store.pod_count())
+
+    def requeue_all(self) -> None:
+        """Reconcile every job again (leadership regained: events meanwhile may not have been acted on)."""
         for key in self.store.job_keys():
             self.queue.add(key, NORMAL)
-        log.info("cache primed: %d jobs, %d pods", self.store.job_count(), self.store.pod_count())
 
     def start(self) -> None:
         for i in range(self.config.workers):
@@ -78,7 +82,7 @@ class Controller:
                 self.reconcile(key, priority)
                 self.queue.forget(key)
             except NotLeader as error:
-                log.warning("%s/%s: %s", *key, error)
+                log.debug("%s/%s: %s", *key, error)  # the election logs the loss once
             except Exception:
                 metrics.RECONCILE_ERRORS.inc()
                 delay = self.queue.retry(key, priority)

@@ -40,6 +40,7 @@ class LeaderElector:
         self.elected = threading.Event()
         self.heartbeat = clock()  # the loop's last round, for /healthz
         self.thread: threading.Thread | None = None
+        self.on_elected: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------------ state
 
@@ -52,13 +53,17 @@ class LeaderElector:
 
     # ------------------------------------------------------------------ loop
 
-    def start(self, on_lost: Callable[[], None]) -> None:
-        self.thread = threading.Thread(target=self.run, args=(on_lost,), name="kubetf-leader-election", daemon=True)
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, name="kubetf-leader-election", daemon=True)
         self.thread.start()
 
-    def run(self, on_lost: Callable[[], None]) -> None:
-        """Try to acquire, then renew, every retry_period until `stop`. `on_lost` is called (once) when a held
-        lease could not be renewed within renew_deadline or was taken by someone else."""
+    def run(self) -> None:
+        """Try to acquire, then renew, every retry_period until `stop`; `on_elected` each time the lease is won.
+
+        A leader that cannot renew (the API server unreachable, or the lease taken) stops writing at once:
+        `is_leader` turns False, which `Kube` checks before every write. It keeps trying, and resumes when it
+        holds the lease again, so an API server restart costs no operator restart."""
+        leading = False
         while not self.stopping.is_set():
             self.heartbeat = self.clock()
             try:
@@ -66,15 +71,16 @@ class LeaderElector:
             except Exception as error:  # an unreachable API server: the renew deadline decides
                 log.warning("leader election: %s", error)
                 held = False
-            if held and not self.elected.is_set():
+            if held and not leading:
+                leading = True
                 log.info("became the leader (lease %s/%s)", self.config.lease_namespace, self.config.lease_name)
                 metrics.LEADER.set(1)
                 self.elected.set()
-            if self.elected.is_set() and not self.is_leader():
-                log.error("lost the leader lease: stopping all writes")
+                self.on_elected()
+            elif leading and not self.is_leader():
+                leading = False
+                log.error("lost the leader lease: no writes until it is held again")
                 metrics.LEADER.set(0)
-                on_lost()
-                return
             self.stopping.wait(self.config.retry_period)
 
     def stop(self, release: bool = True) -> None:

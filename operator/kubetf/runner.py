@@ -2,13 +2,13 @@
 
 A standby (every replica but the leader) only takes part in the election: it watches nothing and writes nothing.
 Once it holds the lease it lists the jobs and pods, starts reconciling and starts kopf's watches. A leader that
-cannot renew its lease stops writing at once and exits, so it can come back as a standby.
+cannot renew its lease stops writing at once (its watches and cache go on); when it holds the lease again it
+reconciles every job, since what happened meanwhile may not have been acted on.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -53,6 +53,8 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
         log.info("kubetf operator %s serving %s (no leader election)", config.identity, where)
     kube = Kube(config.qps, config.burst, may_write=elector.is_leader if elector else None, instance=config.identity)
     controller = Controller(kube, config)
+    if elector is not None:
+        elector.on_elected = controller.requeue_all
     controller.prime()
     controller.start()
     try:
@@ -72,13 +74,7 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
 
 def _wait_for_leadership(elector: LeaderElector) -> bool:
     """Run the election in the background; block until elected (True) or told to stop (False)."""
-
-    def lost() -> None:
-        logging.getLogger("kubetf.operator").error("leader lease lost: exiting to come back as a standby")
-        logging.shutdown()
-        os._exit(1)  # no half-finished writes: Kube refuses them already, and nothing else runs on
-
-    elector.start(lost)
+    elector.start()
     stopped = threading.Event()
 
     def stop(signum: int, _frame: Any) -> None:

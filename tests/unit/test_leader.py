@@ -122,3 +122,16 @@ def test_two_candidates_racing_for_a_free_lease_get_one_winner(world):
     assert not b.try_acquire_or_renew()
     api.get_lease = original_get
     assert api.lease["spec"]["holderIdentity"] == "a"
+
+
+def test_a_leader_cut_off_briefly_stops_writing_then_resumes_without_a_restart(world):
+    clock, api, candidate = world
+    a = candidate("a")
+    a.try_acquire_or_renew()
+    api.down = True
+    clock[0] += 6
+    assert not a.is_leader()  # no writes while it cannot renew
+    api.down = False
+    assert a.try_acquire_or_renew()  # nobody took it meanwhile: the same holder goes on
+    assert a.is_leader()
+    assert api.lease["spec"]["leaseTransitions"] == 0
