@@ -14,8 +14,8 @@
 #   local-cluster.sh fake-nodes N        ensure fake nodes kwok-node-0..N-1 exist and are Ready (starts kwok; a
 #                              stopped one is started again); they carry the taint kwok.x-k8s.io/node=fake:NoSchedule
 #                              and the label kwok.x-k8s.io/node=fake; pods on them are run by kwok (no containers)
-#   local-cluster.sh fake-node-stop NAME...   the node vanishes abruptly: kwok stops renewing its Lease and touches
-#                              neither it nor its pods; the node lifecycle controller then marks it NotReady
+#   local-cluster.sh fake-node-stop NAME...   the node vanishes abruptly: kwok stops managing it (no more Lease
+#                              renewals, node or pod updates); the node lifecycle controller then marks it NotReady
 #   local-cluster.sh fake-node-start NAME...  kwok manages the node again (Ready in a few seconds)
 #   local-cluster.sh fake-nodes-delete   delete every fake node (their pods are then garbage-collected) and stop kwok
 #
@@ -57,7 +57,7 @@ FAKE_NODE_PREFIX=kwok-node-
 FAKE_NODE_GPUS="${KUBETF_FAKE_NODE_GPUS:-8}"
 FAKE_NODE_PODS=1000
 FAKE_POD_CIDR=10.160.0.1/12   # pod IPs kwok hands out: 1M addresses, clear of pods, services and the host
-STOPPED_HOLDER=kubetf-fake-node-stopped   # a Lease held by this (for ~68 years) is one kwok never takes back
+FAKE_MANAGED=kwok.kubetf.io/managed   # label kwok selects on the server too: "false" = the node is lost (stopped)
 
 K8S_BIN="$CACHE/k8s-$K8S_VERSION/bin"
 ETCD_BIN="$CACHE/etcd-$ETCD_VERSION"
@@ -640,9 +640,11 @@ advertise_gpus() {
 
 # ---------------------------------------------------------------- fake nodes (kwok)
 # kwok runs on the host like the other daemons, with a client certificate of its own, and manages only the nodes
-# annotated kwok.x-k8s.io/node=fake: their Lease (renewed every 10 s), their Ready status, and the pods bound to
-# them (Running at once, deleted when asked; stages in tests/cluster/kwok-stages.yaml). The real control plane
-# (scheduler, node lifecycle controller, taint eviction, garbage collector, pod GC) treats them as real nodes.
+# annotated kwok.x-k8s.io/node=fake and labelled kwok.kubetf.io/managed=true: their Lease (renewed every 10 s), their
+# status, and the pods bound to them (Running at once, deleted when asked; stages in tests/cluster/kwok-stages.yaml).
+# The real control plane (scheduler, node lifecycle controller, taint eviction, garbage collector, pod GC) treats
+# them as real nodes. Stopping one relabels it managed=false: kwok's label-selected watch then sees it leave, and
+# kwok releases its Lease (no more renewals) and leaves the node and its pods alone, as if its machine vanished.
 kwok_credentials() {  # also for a cluster brought up before this script knew kwok
   if [[ ! -s "$CONF/kwok.kubeconfig" ]]; then
     NODE_IP="${NODE_IP:-$(node_ip)}"
@@ -668,11 +670,9 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kubetf:
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:kubetf-kwok"}]
 EOF
 }
-fake_node_names() { kc get nodes -l "$FAKE_NODE_KEY=fake" -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'; }
-lease_holders() {  # NAME HOLDER per line, for every node Lease
-  kc -n kube-node-lease get leases -o jsonpath='{range .items[*]}{.metadata.name} {.spec.holderIdentity}{"\n"}{end}'
-}
-stopped_fake_nodes() { lease_holders | awk -v h="$STOPPED_HOLDER" '$2 == h {print $1}'; }
+fake_node_names() { names_of "$FAKE_NODE_KEY=fake"; }
+names_of() { kc get nodes -l "$1" -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'; }
+stopped_fake_nodes() { names_of "$FAKE_NODE_KEY=fake,$FAKE_MANAGED=false"; }
 start_kwok() {
   running kwok && return 0
   build_kwok
@@ -682,10 +682,11 @@ start_kwok() {
   # A new kwok has a new identity and would wait for its predecessor's Leases to expire (40 s, close to the node
   # monitor grace period): hand them over now. Leases of stopped nodes stay as they are.
   local handover
-  handover="$(comm -23 <(fake_node_names | sort) <(stopped_fake_nodes | sort))"
+  handover="$(names_of "$FAKE_NODE_KEY=fake,$FAKE_MANAGED=true")"
   [[ -z $handover ]] || kc -n kube-node-lease delete lease $handover --ignore-not-found >/dev/null
   start_daemon kwok "$KWOK_BIN/kwok" --kubeconfig="$CONF/kwok.kubeconfig" --config="$CONF/kwok-stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector="$FAKE_NODE_KEY=fake" \
+    --manage-nodes-with-label-selector="$FAKE_MANAGED=true" \
     --cidr="$FAKE_POD_CIDR" --node-lease-duration-seconds=40 --v="${KUBETF_KWOK_LOG_LEVEL:-WARN}"
 }
 fake_node_manifests() {  # fake_node_manifests NAME...: Node objects with their capacity in status (kwok makes them Ready)
@@ -698,7 +699,8 @@ kind: Node
 metadata:
   name: $n
   annotations: {"$FAKE_NODE_KEY": fake, node.alpha.kubernetes.io/ttl: "0"}
-  labels: {"$FAKE_NODE_KEY": fake, kubernetes.io/hostname: $n, kubernetes.io/os: linux, kubernetes.io/arch: amd64, type: kwok}
+  labels: {"$FAKE_NODE_KEY": fake, "$FAKE_MANAGED": "true", kubernetes.io/hostname: $n, kubernetes.io/os: linux,
+           kubernetes.io/arch: amd64, type: kwok}
 spec:
   taints: [{key: "$FAKE_NODE_KEY", value: fake, effect: NoSchedule}]
 status:
@@ -725,11 +727,11 @@ ensure_fake_nodes() {  # ensure_fake_nodes N: kwok-node-0..N-1 exist, are manage
   wait_for 120 "fake nodes Ready" kc wait --for=condition=Ready "${names[@]/#/node/}" --timeout=5s
   log "$count fake node(s) Ready (kwok pid $(pid_of kwok))"
 }
-start_fake_nodes() {  # start_fake_nodes NAME...: give a stopped node's Lease back to kwok (it makes a new one)
+start_fake_nodes() {  # start_fake_nodes NAME...: kwok manages a stopped node again (renews its Lease, Ready)
   local stopped
   stopped="$(comm -12 <(printf '%s\n' "$@" | sort) <(stopped_fake_nodes | sort))"
   [[ -z $stopped ]] && return 0
-  kc -n kube-node-lease delete lease $stopped >/dev/null
+  kc label node $stopped "$FAKE_MANAGED=true" --overwrite >/dev/null
   log "fake node(s) started again: $(echo $stopped)"
 }
 delete_fake_nodes() {
@@ -744,11 +746,10 @@ stop_fake_nodes() {  # stop_fake_nodes NAME...: the node vanishes (see fake-node
   for n in "$@"; do
     [[ "$(kc get node "$n" -o jsonpath='{.metadata.labels.kwok\.x-k8s\.io/node}' 2>/dev/null)" == fake ]] \
       || die "$n is not a fake node"
-    # Take the Lease from kwok without renewing it: renewTime stays, so the node lifecycle controller sees no more
-    # heartbeats; kwok sees another holder whose lease never expires and from then on leaves the node and its pods
-    # alone (read-only), as a kubelet on a machine that vanished would.
-    kc -n kube-node-lease patch lease "$n" --type=merge \
-      -p "{\"spec\":{\"holderIdentity\":\"$STOPPED_HOLDER\",\"leaseDurationSeconds\":2147483647}}" >/dev/null
+    # The node leaves kwok's label-selected watch (a DELETED event for kwok): kwok releases its Lease without
+    # renewing it again, cancels its node stages and ignores its pods (their status stays as it was; deletions are
+    # never confirmed), as a kubelet on a machine that vanished would. Nothing else of the node changes.
+    kc label node "$n" "$FAKE_MANAGED=false" --overwrite >/dev/null
     log "fake node $n stopped (its Lease is no longer renewed)"
   done
 }
