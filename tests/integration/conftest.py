@@ -200,9 +200,10 @@ class Cluster:
 class Operator:
     """`kubetf operator` as a real process, as it runs in a cluster, against the test cluster's kubeconfig."""
 
-    def __init__(self, kubeconfig: str, log_path: Path) -> None:
+    def __init__(self, kubeconfig: str, log_path: Path, metrics_port: int = 0) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        self.metrics_port = metrics_port  # 0: /metrics off
         self.process: subprocess.Popen | None = None
         self.port = 0
 
@@ -222,7 +223,7 @@ class Operator:
                 "--liveness-port",
                 str(self.port),
                 "--metrics-port",
-                "0",
+                str(self.metrics_port),
                 "--log-format",
                 "plain",
             ],
