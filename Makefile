@@ -24,7 +24,7 @@ KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
 .PHONY: help venv tools lint manifests test test-unit test-trainer test-cluster cluster cluster-down images install \
-	demo bench
+	demo bench bench-scale
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -60,8 +60,9 @@ test-cluster: venv tools ## integration and e2e tiers on $$KUBECONFIG, else on t
 
 test: lint test-unit test-trainer test-cluster ## every test tier
 
-cluster: ## the local cluster, unless a kubeconfig names another one
-	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) up; else echo "using the cluster of $(TARGET_KUBECONFIG)"; fi
+cluster: ## the local cluster, unless a kubeconfig names another one (FAKE_NODES=4: also 4 fake kwok nodes)
+	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) up $(if $(FAKE_NODES),--fake-nodes $(FAKE_NODES)); \
+	else echo "using the cluster of $(TARGET_KUBECONFIG)"; fi
 
 cluster-down: ## stop the local cluster and clean up after it
 	$(CLUSTER) down
@@ -90,3 +91,6 @@ demo: venv cluster images install ## a real 2-worker MNIST job on the cluster, f
 
 bench: venv ## operator benchmark (creation latency, burst, preemption recovery, memory)
 	$(PY) -m tests.bench.operator_bench
+
+bench-scale: venv ## scale benchmark on kwok's fake nodes (default 2,000 jobs; ARGS="--jobs 100 --burst 20")
+	$(PY) -m tests.bench.scale $(ARGS)

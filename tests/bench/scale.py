@@ -1,0 +1,581 @@
+"""Scale benchmark on kwok's fake nodes: prints numbers, asserts nothing.
+
+    python -m tests.bench.scale [--jobs 2000] [--burst 200] [--preemptions 20] [--foreign-pods 0]
+    make bench-scale ARGS="--jobs 100 --burst 20"
+
+Jobs of 1 chief + 4 workers (MultiWorkerMirrored) whose pod templates tolerate the fake nodes' taint and select
+them (tests/cluster/kwok.py): the real scheduler places their pods, kwok runs them (Running at once, no containers),
+the chief exits 0 when the benchmark annotates it (kwok-stages.yaml `pod-exit`). Fake nodes are added to the
+local cluster as needed (1,000 pods each). In order:
+
+1. operator RSS idle; with --foreign-pods N plain pods of no job (Running on fake nodes, another namespace): RSS of
+   the running operator, and of a restarted one (current and peak);
+2. --jobs jobs created at once, to every job Running with its 5 pods Running: time, operator CPU seconds and API
+   calls per job, RSS;
+3. operator killed (SIGKILL) with all jobs Running and started again: time until it is idle (for 5 s no event on
+   the benchmark's jobs, pods and services, no write in its API counter when it has one, and under 10% of a core
+   of CPU), and whether every job is still Running with the same 5 pods of the same attempt and restart counters;
+4. a burst of --burst more jobs while --preemptions workers of running jobs are evicted (Eviction API), one every
+   --preemption-interval s: burst jobs/s (all 5 pods exist), preemption -> all 5 replacement pods created p50/p99;
+5. every chief exits 0: time until every job is Succeeded with its workers cleaned up, CPU and API calls per job;
+   API calls per job lifecycle = (2) + (5).
+
+API calls come from the operator's Prometheus counter `kubetf_api_requests_total{verb,resource}` on its
+--metrics-port ("n/a" when the operator has none). CPU is utime+stime from /proc/<pid>/stat, RSS VmRSS (peak:
+VmHWM). The operator runs out of cluster as a subprocess (tests/integration/conftest.py Operator), alone: an
+installed one is scaled to zero meanwhile. The benchmark watches with raw JSON, not the client's models, which would
+cost the operator seconds of CPU on this 2-core machine at 10,000s of pods. Namespaces are deleted at the end.
+Uses $KUBECONFIG, else brings the local cluster up (tests/cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import socket
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubetf import api
+from tests.bench.operator_bench import percentile, rss_mib
+from tests.cluster import kwok
+from tests.cluster.fixture import ensure_cluster
+from tests.integration.conftest import Cluster, Operator, _installed_operators, pod_template, replica
+
+PODS_PER_JOB = 5
+PODS_PER_FAKE_NODE = 1000
+QUIET = 5.0  # seconds without an API write that count as idle
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+CLIENT_THREADS = 4  # the client's connection pool holds 4
+
+
+def fake_template() -> dict:
+    spec = pod_template()["spec"]
+    del spec["schedulerName"]  # the integration tier's "never scheduled": here the real scheduler places them
+    return {"spec": kwok.on_fake_nodes(spec)}
+
+
+SPEC = {
+    "strategy": "MultiWorkerMirrored",
+    "replicaSpecs": {
+        "chief": {**replica(1), "template": fake_template()},
+        "worker": {**replica(4), "template": fake_template()},
+    },
+}
+
+
+# ---------------------------------------------------------------- the operator process
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Process:
+    """The operator under test: Operator with /metrics on, restartable, with its CPU and API counters."""
+
+    def __init__(self, kubeconfig: str, workdir: Path) -> None:
+        self.operator = Operator(kubeconfig, workdir / "operator.log", metrics_port=free_port())
+
+    @property
+    def pid(self) -> int:
+        assert self.operator.process is not None
+        return self.operator.process.pid
+
+    def start(self) -> None:
+        self.operator.start()
+
+    def kill(self) -> None:
+        self.operator.kill()
+
+    def stop(self) -> None:
+        self.operator.stop()
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def rss(self) -> float:
+        return rss_mib(self.pid)
+
+    def api_calls(self) -> Counter | None:
+        """kubetf_api_requests_total by (verb, resource); None when the operator has no such counter."""
+        try:
+            url = f"http://127.0.0.1:{self.operator.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            return None
+        for family in text_string_to_metric_families(text):
+            if family.name in ("kubetf_api_requests", "kubetf_api_requests_total"):
+                return Counter(
+                    {
+                        (s.labels.get("verb", "?"), s.labels.get("resource", "?")): s.value
+                        for s in family.samples
+                        if s.name.endswith("_total")
+                    }
+                )
+        return None
+
+
+def writes(calls: Counter | None) -> float | None:
+    return None if calls is None else sum(v for (verb, _), v in calls.items() if verb in WRITE_VERBS)
+
+
+def per_job(before: Counter | None, after: Counter | None, jobs: int) -> str:
+    if before is None or after is None or jobs == 0:
+        return "n/a (the operator has no kubetf_api_requests_total)"
+    delta = after - before
+    total = sum(delta.values())
+    top = ", ".join(f"{verb} {resource} {n / jobs:.1f}" for (verb, resource), n in delta.most_common(6))
+    return f"{total / jobs:.1f} per job ({top})"
+
+
+# ---------------------------------------------------------------- watching without the client's models
+class RawWatch:
+    """List then watch one namespaced resource as JSON dicts, calling on_event(type, object) from a thread."""
+
+    def __init__(self, list_fn: Callable[..., Any], on_event: Callable[[str, dict], None]) -> None:
+        self.list_fn, self.on_event = list_fn, on_event
+        self.stopped = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        version = None
+        while not self.stopped:
+            try:
+                if version is None:
+                    listed = json.loads(self.list_fn(_preload_content=False).data)
+                    for item in listed["items"]:
+                        self.on_event("ADDED", item)
+                    version = listed["metadata"]["resourceVersion"]
+                response = self.list_fn(
+                    watch=True,
+                    resource_version=version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=240,
+                    _preload_content=False,
+                )
+                for line in iter_resp_lines(response):
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        version = None  # 410 Gone: list again
+                        break
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self.on_event(event["type"], event["object"])
+            except Exception:  # a broken connection: watch again from where we were
+                time.sleep(1)
+
+
+class State:
+    """What the benchmark knows of its namespace: each job's phase and live pods, and when anything last changed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: dict[str, tuple[str, str]] = {}  # name -> (phase, restarts as JSON)
+        self.pods: dict[str, dict[str, tuple[str, str]]] = {}  # job -> pod -> (attempt, phase)
+        self.last_change = time.monotonic()
+        # preemptions in flight: job -> (start, attempt of the evicted pod); done: job -> seconds
+        self.preempting: dict[str, tuple[float, int]] = {}
+        self.recovered: dict[str, float] = {}
+
+    def on_job(self, kind: str, job: dict) -> None:
+        status = job.get("status") or {}
+        with self.lock:
+            self.last_change = time.monotonic()
+            if kind == "DELETED":
+                self.jobs.pop(job["metadata"]["name"], None)
+            else:
+                restarts = json.dumps(status.get("restarts") or {}, sort_keys=True)
+                self.jobs[job["metadata"]["name"]] = (status.get("phase", ""), restarts)
+
+    def on_pod(self, kind: str, pod: dict) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        job = labels.get(api.LABEL_JOB)
+        now = time.monotonic()
+        with self.lock:
+            self.last_change = now
+            if job is None:
+                return
+            pods = self.pods.setdefault(job, {})
+            if kind == "DELETED" or meta.get("deletionTimestamp"):
+                pods.pop(meta["name"], None)
+            else:
+                pods[meta["name"]] = (labels.get(api.LABEL_ATTEMPT, ""), (pod.get("status") or {}).get("phase", ""))
+            if job in self.preempting:  # replaced: 5 live pods of one newer attempt
+                start, attempt = self.preempting[job]
+                attempts = {a for a, _ in pods.values()}
+                if len(pods) == PODS_PER_JOB and len(attempts) == 1 and int(attempts.pop() or 0) > attempt:
+                    self.recovered[job] = now - start
+                    del self.preempting[job]
+
+    def on_other(self, kind: str, obj: dict) -> None:
+        with self.lock:
+            self.last_change = time.monotonic()
+
+    def running(self, job: str) -> bool:
+        pods = self.pods.get(job, {})
+        return (
+            self.jobs.get(job, ("", ""))[0] == "Running"
+            and len(pods) == PODS_PER_JOB
+            and all(phase == "Running" for _, phase in pods.values())
+        )
+
+    def children_exist(self, job: str) -> bool:
+        return len(self.pods.get(job, {})) == PODS_PER_JOB
+
+    def finished(self, job: str) -> bool:
+        """Succeeded, with no pod left running (cleanPodPolicy Running)."""
+        pods = self.pods.get(job, {})
+        return self.jobs.get(job, ("", ""))[0] == "Succeeded" and all(phase != "Running" for _, phase in pods.values())
+
+    def snapshot(self, jobs: Iterable[str]) -> dict[str, tuple]:
+        with self.lock:
+            return {j: (self.jobs.get(j), tuple(sorted(self.pods.get(j, {}).items()))) for j in jobs}
+
+    def wait(self, check: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:
+        """Poll check() (under the lock) until true; the monotonic time it first was."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if check():
+                    return time.monotonic()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(interval)
+
+    def wait_quiet(self, process: Process | None, timeout: float, quiet: float = QUIET) -> float:
+        """Wait until for `quiet` s neither the watches nor the operator's write counter moved and the operator
+        used under 10% of a core (it is done reading too); return the time of the last activity seen."""
+        deadline = time.monotonic() + timeout
+        last_writes = writes(process.api_calls()) if process else None
+        last_cpu = process.cpu() if process else 0.0
+        last_active = time.monotonic()
+        tick = 0.25
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            if process is not None:
+                current = writes(process.api_calls()) if last_writes is not None else None
+                cpu = process.cpu()
+                if current != last_writes or cpu - last_cpu > 0.1 * tick:
+                    last_active = now
+                last_writes, last_cpu = current, cpu
+            with self.lock:
+                last = max(self.last_change, last_active)
+            if now - last >= quiet:
+                return last
+            if now > deadline:
+                raise TimeoutError(f"the operator was still writing after {timeout:.0f}s")
+
+
+def watch_namespace(cluster: Cluster, namespace: str, state: State) -> list[RawWatch]:
+    core = cluster.core
+    return [
+        RawWatch(functools.partial(core.list_namespaced_pod, namespace), state.on_pod),
+        RawWatch(
+            functools.partial(
+                cluster.custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL
+            ),
+            state.on_job,
+        ),
+        RawWatch(functools.partial(core.list_namespaced_service, namespace), state.on_other),
+    ]
+
+
+# ---------------------------------------------------------------- helpers
+def parallel(fn: Callable[[Any], Any], items: Iterable[Any]) -> None:
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+        for _ in pool.map(fn, items):
+            pass
+
+
+def create_namespace(cluster: Cluster, name: str) -> None:
+    cluster.core.create_namespace({"metadata": {"name": name, "labels": {"kubetf.io/bench": "scale"}}})
+
+
+def create_jobs(cluster: Cluster, namespace: str, names: list[str]) -> None:
+    parallel(lambda name: cluster.create_job(namespace, name, SPEC), names)
+
+
+def foreign_pod(name: str) -> dict:
+    spec = {"containers": [{"name": "app", "image": "kubetf/python-base:bookworm", "command": ["sleep", "inf"]}]}
+    return {"metadata": {"name": name, "labels": {"app": "foreign"}}, "spec": kwok.on_fake_nodes(spec)}
+
+
+def fmt_ms(values: list[float]) -> str:
+    if not values:
+        return "none measured"
+    p50, p99 = percentile(values, 0.5) * 1000, percentile(values, 0.99) * 1000
+    return f"p50 {p50:.0f} ms, p99 {p99:.0f} ms (n={len(values)})"
+
+
+def out(message: str) -> None:
+    print(message, flush=True)
+
+
+# ---------------------------------------------------------------- phases
+def foreign_pods_phase(cluster: Cluster, process: Process, namespace: str, count: int) -> None:
+    running: set[str] = set()
+    lock = threading.Lock()
+
+    def on_pod(kind: str, pod: dict) -> None:
+        with lock:
+            if kind != "DELETED" and (pod.get("status") or {}).get("phase") == "Running":
+                running.add(pod["metadata"]["name"])
+
+    create_namespace(cluster, namespace)
+    watcher = RawWatch(functools.partial(cluster.core.list_namespaced_pod, namespace), on_pod)
+    start = time.monotonic()
+    parallel(
+        lambda i: cluster.core.create_namespaced_pod(namespace, foreign_pod(f"f-{i}"), _preload_content=False),
+        range(count),
+    )
+    deadline = start + 60 + count / 10
+    while True:
+        with lock:
+            if len(running) >= count:
+                break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(running)}/{count} foreign pods Running")
+        time.sleep(0.5)
+    watcher.stopped = True
+    out(f"{count} foreign pods Running on fake nodes in {time.monotonic() - start:.0f}s")
+    quiet = State()
+    quiet.wait_quiet(process, timeout=120)
+    out(f"operator RSS with {count} foreign pods: {process.rss():.0f} MiB (running since before they existed)")
+    process.kill()
+    process.start()
+    quiet.wait_quiet(process, timeout=300)
+    out(
+        f"operator restarted with {count} foreign pods: RSS {process.rss():.0f} MiB, "
+        f"peak {peak_rss_mib(process.pid):.0f} MiB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs brought to Running (default 2000)")
+    parser.add_argument("--burst", type=int, default=200, help="jobs created during the preemptions (default 200)")
+    parser.add_argument("--preemptions", type=int, default=20, help="workers evicted during the burst (default 20)")
+    parser.add_argument("--preemption-interval", type=float, default=0.5, help="seconds between evictions")
+    parser.add_argument("--foreign-pods", type=int, default=0, help="plain pods of no job in another namespace")
+    parser.add_argument("--timeout", type=float, default=3600, help="per phase, seconds")
+    args = parser.parse_args()
+    args.preemptions = min(args.preemptions, args.jobs)
+
+    kube = ensure_cluster()
+    cluster = Cluster(kube.kubeconfig)
+    cluster.install_crd()
+    pods = PODS_PER_JOB * (args.jobs + args.burst) + args.foreign_pods
+    nodes = max(4, math.ceil(pods * 1.2 / PODS_PER_FAKE_NODE))
+    start = time.monotonic()
+    kwok.ensure_fake_nodes(kube.kubeconfig, cluster.core, nodes)
+    out(f"{nodes} fake nodes Ready ({time.monotonic() - start:.0f}s) for {pods} pods")
+
+    apps = client.AppsV1Api(cluster.api_client)
+    paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
+    for namespace, name, _ in paused:
+        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
+        out(f"paused the installed operator {namespace}/{name}")
+
+    suffix = uuid.uuid4().hex[:6]
+    namespace, foreign = f"scale-{suffix}", f"scale-foreign-{suffix}"
+    workdir = Path(tempfile.mkdtemp(prefix="kubetf-bench-scale-"))
+    process = Process(kube.kubeconfig, workdir)
+    state = State()
+    try:
+        process.start()
+        create_namespace(cluster, namespace)
+        watches = watch_namespace(cluster, namespace, state)
+        state.wait_quiet(process, timeout=60, quiet=3)
+        api_calls = process.api_calls()
+        out(f"operator RSS idle: {process.rss():.0f} MiB; API counter: {'yes' if api_calls is not None else 'n/a'}")
+
+        if args.foreign_pods:
+            foreign_pods_phase(cluster, process, foreign, args.foreign_pods)
+
+        # 2. jobs to Running
+        names = [f"s-{i}" for i in range(args.jobs)]
+        cpu0, created0, t0 = process.cpu(), process.api_calls(), time.monotonic()
+        create_jobs(cluster, namespace, names)
+        applied = time.monotonic()
+        done = state.wait(lambda: all(state.running(n) for n in names), args.timeout, f"{args.jobs} jobs Running")
+        state.wait_quiet(process, timeout=600)
+        cpu1, created1 = process.cpu(), process.api_calls()
+        out(
+            f"{args.jobs} jobs (1+4) created in {applied - t0:.1f}s, all Running with their pods in {done - t0:.1f}s "
+            f"({args.jobs / (done - t0):.1f} jobs/s)"
+        )
+        out(f"  operator RSS with {args.jobs} jobs Running ({PODS_PER_JOB * args.jobs} pods): {process.rss():.0f} MiB")
+        out(f"  operator CPU create -> Running: {(cpu1 - cpu0) / args.jobs * 1000:.1f} ms per job")
+        out(f"  API calls create -> Running: {per_job(created0, created1, args.jobs)}")
+
+        # 3. a restarted operator converges
+        before = state.snapshot(names)
+        process.kill()
+        t0 = time.monotonic()
+        process.start()
+        healthy = time.monotonic()
+        last = state.wait_quiet(process, timeout=args.timeout)
+        after = state.snapshot(names)
+        changed = [n for n in names if before[n] != after[n]]
+        out(
+            f"operator killed with {args.jobs} jobs Running and started again: healthy after {healthy - t0:.1f}s, "
+            f"converged (last write or busy CPU) {max(last, healthy) - t0:.1f}s after start; jobs whose status or "
+            f"pods changed: {len(changed)}"
+            + (f" (e.g. {changed[0]}: {before[changed[0]]} -> {after[changed[0]]})" if changed else "")
+        )
+        out(
+            f"  its API calls until idle: {per_job(Counter(), process.api_calls(), args.jobs)}"
+            if process.api_calls() is not None
+            else "  its API calls until idle: n/a"
+        )
+        out(f"  its RSS: {process.rss():.0f} MiB, peak {peak_rss_mib(process.pid):.0f} MiB")
+
+        # 4. preemptions during a burst
+        burst = [f"b-{i}" for i in range(args.burst)]
+        victims = names[: args.preemptions]
+        attempts_before: dict[str, int] = {}
+        created: list[float] = []
+        burst_thread = threading.Thread(
+            target=lambda: (create_jobs(cluster, namespace, burst), created.append(time.monotonic()))
+        )
+        t0 = time.monotonic()
+        burst_thread.start()
+        for job in victims:
+            with state.lock:
+                attempt = int(next(iter(state.pods[job].values()))[0] or 0)
+                state.preempting[job] = (time.monotonic(), attempt)
+                attempts_before[job] = attempt
+            pod = f"{job}-worker-1"
+            cluster.core.create_namespaced_pod_eviction(
+                pod,
+                namespace,
+                {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}},
+                _preload_content=False,
+            )
+            time.sleep(args.preemption_interval)
+        burst_thread.join()
+        applied = created[0]
+        done = state.wait(
+            lambda: all(state.children_exist(n) for n in burst), args.timeout, f"{args.burst} burst jobs' pods"
+        )
+        state.wait(lambda: not state.preempting, 300, "every preempted job's replacement pods")
+        out(
+            f"burst of {args.burst} jobs: created in {applied - t0:.1f}s, every pod exists after {done - t0:.1f}s "
+            f"({args.burst / (done - t0):.1f} jobs/s), with {args.preemptions} evictions meanwhile"
+        )
+        out(
+            f"  eviction of one worker -> all {PODS_PER_JOB} replacement pods created (MWMS group restart): "
+            f"{fmt_ms(list(state.recovered.values()))}"
+        )
+        everyone = names + burst
+        state.wait(lambda: all(state.running(n) for n in everyone), args.timeout, "every job Running")
+        state.wait_quiet(process, timeout=600)
+        with state.lock:
+            extra = {
+                job: int(next(iter(state.pods[job].values()))[0] or 0) - attempts_before[job] - 1 for job in victims
+            }
+        extra = {job: n for job, n in extra.items() if n}
+        out(
+            f"  group restarts beyond the one each eviction needs: {sum(extra.values())} in {len(extra)} of "
+            f"{len(victims)} evicted jobs" + (f" (e.g. {next(iter(extra))})" if extra else "")
+        )
+
+        # 5. every chief exits 0
+        cpu0, finished0, t0 = process.cpu(), process.api_calls(), time.monotonic()
+        parallel(
+            lambda job: cluster.core.patch_namespaced_pod(
+                f"{job}-chief-0",
+                namespace,
+                {"metadata": {"annotations": {kwok.EXIT_CODE: "0"}}},
+                _preload_content=False,
+            ),
+            everyone,
+        )
+        done = state.wait(lambda: all(state.finished(n) for n in everyone), args.timeout, "every job Succeeded")
+        state.wait_quiet(process, timeout=600)
+        cpu1, finished1 = process.cpu(), process.api_calls()
+        jobs = len(everyone)
+        out(f"{jobs} chiefs exit 0: every job Succeeded and cleaned up after {done - t0:.1f}s")
+        out(f"  operator CPU Running -> Succeeded: {(cpu1 - cpu0) / jobs * 1000:.1f} ms per job")
+        out(f"  API calls Running -> Succeeded: {per_job(finished0, finished1, jobs)}")
+        if created0 is not None and created1 is not None and finished0 is not None and finished1 is not None:
+            lifecycle = sum((created1 - created0).values()) / args.jobs + sum((finished1 - finished0).values()) / jobs
+            out(f"API calls per job lifecycle (create -> Running -> Succeeded -> cleanup): {lifecycle:.1f}")
+        else:
+            out("API calls per job lifecycle: n/a (the operator has no kubetf_api_requests_total)")
+        out(f"operator RSS at the end ({jobs} finished jobs): {process.rss():.0f} MiB")
+        for w in watches:
+            w.stopped = True
+    finally:
+        process.stop()
+        out(f"operator log: {workdir / 'operator.log'}")
+        cleanup(cluster, [namespace, foreign])
+        for ns, name, replicas in paused:
+            apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": replicas}})
+
+
+def cleanup(cluster: Cluster, namespaces: list[str]) -> None:
+    start = time.monotonic()
+    existing = []
+    for name in namespaces:
+        try:
+            cluster.core.delete_namespace(name, _preload_content=False)
+            existing.append(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+    deadline = start + 900
+    while existing and time.monotonic() < deadline:
+        existing = [n for n in existing if _exists(cluster, n)]
+        time.sleep(1)
+    out(
+        f"namespaces deleted in {time.monotonic() - start:.0f}s"
+        if not existing
+        else f"namespaces {existing} still terminating after {time.monotonic() - start:.0f}s"
+    )
+
+
+def _exists(cluster: Cluster, namespace: str) -> bool:
+    try:
+        cluster.core.read_namespace(namespace, _preload_content=False)
+        return True
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+
+
+if __name__ == "__main__":
+    main()
