@@ -211,6 +211,12 @@ class Operator:
 
     def start(self, leader: bool = True) -> None:
         """Start it; wait until it serves /healthz and, with `leader`, until it holds the lease."""
+        core = client.CoreV1Api(kubeconfig.new_client_from_config(config_file=self.kubeconfig))
+        try:  # the leader election's Lease lives in the operator's namespace, as when installed
+            core.create_namespace({"metadata": {"name": config.DEFAULT_LEASE_NAMESPACE}})
+        except ApiException as error:
+            if error.status != 409:
+                raise
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -265,11 +271,6 @@ class Operator:
 def cluster(kube_cluster) -> Cluster:
     cluster = Cluster(kube_cluster.kubeconfig)
     cluster.install_crd()
-    try:  # the leader election's Lease lives in the operator's namespace, as when installed
-        cluster.core.create_namespace({"metadata": {"name": config.DEFAULT_LEASE_NAMESPACE}})
-    except ApiException as error:
-        if error.status != 409:
-            raise
     return cluster
 
 
