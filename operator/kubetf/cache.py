@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +21,9 @@ Key = tuple[str, str]  # (namespace, name)
 Obj = dict[str, Any]
 
 _DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+# How long the uid of a deleted object is remembered, so that a list taken before the deletion but stored after
+# it cannot bring the object back. Lists are never older than a few seconds when stored.
+TOMBSTONE_SECONDS = 300.0
 
 
 def resource_version(obj: Mapping[str, Any]) -> int:
@@ -94,6 +99,16 @@ class Store:
         self.jobs: dict[Key, tuple[int, str]] = {}
         # job -> pod name -> (resourceVersion, slim JSON, signature, uid)
         self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...], str]]] = {}
+        self.tombstones: OrderedDict[str, float] = OrderedDict()  # uid of a deleted object -> when
+
+    def _bury(self, uid: str) -> None:
+        now = time.monotonic()
+        self.tombstones[uid] = now
+        while self.tombstones and next(iter(self.tombstones.values())) < now - TOMBSTONE_SECONDS:
+            self.tombstones.popitem(last=False)
+
+    def _buried(self, obj: Mapping[str, Any]) -> bool:
+        return (obj.get("metadata") or {}).get("uid") in self.tombstones
 
     # ------------------------------------------------------------------ jobs
 
@@ -103,7 +118,7 @@ class Store:
         version = resource_version(job)
         with self.lock:
             current = self.jobs.get(key)
-            if current is not None and version and current[0] >= version:
+            if self._buried(job) or (current is not None and version and current[0] >= version):
                 return False
             self.jobs[key] = (version, _encode(slim_job(job)))
             return True
@@ -113,9 +128,10 @@ class Store:
             entry = self.jobs.get(key)
         return json.loads(entry[1]) if entry else None
 
-    def remove_job(self, key: Key) -> None:
+    def remove_job(self, key: Key, uid: str) -> None:
         with self.lock:
             self.jobs.pop(key, None)
+            self._bury(uid)
 
     def job_keys(self) -> list[Key]:
         with self.lock:
@@ -134,6 +150,8 @@ class Store:
         version = resource_version(slim)
         signature = pod_signature(slim)
         with self.lock:
+            if self._buried(slim):
+                return False
             pods = self.pods.setdefault(job, {})
             current = pods.get(name)
             if current is not None and version and current[0] >= version:
@@ -141,8 +159,9 @@ class Store:
             pods[name] = (version, _encode(slim), signature, slim["metadata"].get("uid", ""))
             return current is None or current[2] != signature
 
-    def remove_pod(self, job: Key, name: str) -> bool:
+    def remove_pod(self, job: Key, name: str, uid: str) -> bool:
         with self.lock:
+            self._bury(uid)
             pods = self.pods.get(job)
             if pods is None or pods.pop(name, None) is None:
                 return False
@@ -161,6 +180,8 @@ class Store:
         fresh = {}
         for pod in pods:
             slim = slim_pod(pod)
+            if self._buried(slim):
+                continue
             meta = slim["metadata"]
             fresh[meta["name"]] = (resource_version(slim), _encode(slim), pod_signature(slim), meta.get("uid", ""))
         changed = False

@@ -41,8 +41,25 @@ class Controller:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.threads: list[threading.Thread] = []
+        self.listed_once = False
 
     # ------------------------------------------------------------------ lifecycle
+
+    def listed(self) -> None:
+        """The watches have delivered their initial lists and are watching: prime the cache, then start the
+        workers (on a thread of its own: this is called on kopf's event loop). Later calls do nothing.
+
+        Priming only after the watches run leaves no gap: anything deleted after this list is taken arrives as
+        a DELETED event (and a tombstone keeps the list from bringing it back)."""
+        with self.lock:
+            if self.listed_once:
+                return
+            self.listed_once = True
+        threading.Thread(target=self._prime_and_start, name="kubetf-prime", daemon=True).start()
+
+    def _prime_and_start(self) -> None:
+        self.prime()
+        self.start()
 
     def prime(self) -> None:
         """Fill the cache with a paged list of jobs and of the operator's pods before any reconcile, so that no
@@ -95,7 +112,7 @@ class Controller:
     def job_event(self, type_: str | None, job: Mapping[str, Any]) -> None:
         key = (api.namespace(dict(job)), api.name(dict(job)))
         if type_ == "DELETED":
-            self.store.remove_job(key)
+            self.store.remove_job(key, (job.get("metadata") or {}).get("uid", ""))
             self.expectations.forget(key)
             self._record_phase(key, None)
             return
@@ -110,7 +127,10 @@ class Controller:
         deleted = type_ == "DELETED"
         gone = deleted or bool(meta.get("deletionTimestamp"))
         satisfied = self.expectations.observe(key, meta.get("name", ""), meta.get("uid", ""), gone)
-        changed = self.store.remove_pod(key, meta.get("name", "")) if deleted else self.store.put_pod(key, pod)
+        if deleted:
+            changed = self.store.remove_pod(key, meta.get("name", ""), meta.get("uid", ""))
+        else:
+            changed = self.store.put_pod(key, pod)
         if changed:
             phase = (pod.get("status") or {}).get("phase")
             self.queue.add(key, URGENT if gone or phase in ("Succeeded", "Failed") else NORMAL)
@@ -203,7 +223,8 @@ class Controller:
         namespace, name = key
         job = self.kube.get_job(namespace, name)
         if job is None:
-            self.store.remove_job(key)
+            cached = self.store.job(key)
+            self.store.remove_job(key, ((cached or {}).get("metadata") or {}).get("uid", ""))
             return
         self.store.put_job(job)
         pods, version = self.kube.list_pods(namespace, name)

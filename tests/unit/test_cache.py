@@ -73,3 +73,12 @@ def test_a_fresh_list_removes_pods_whose_deletion_the_watch_missed_but_keeps_new
     assert store.replace_pods(KEY, [], list_version=20)
     assert [p["metadata"]["name"] for p in store.job_pods(KEY)] == ["mnist-worker-1"]
     assert not store.replace_pods(KEY, [pod("mnist-worker-1", version=30)], list_version=31)
+
+
+def test_a_deleted_pod_never_comes_back_from_a_list_taken_before_its_deletion():
+    store = Store()
+    store.put_pod(KEY, pod(version=5))
+    assert store.remove_pod(KEY, "mnist-worker-0", "uid-mnist-worker-0")  # the DELETED event comes first ...
+    assert not store.put_pod(KEY, pod(version=5))  # ... then the older list is stored: ignored
+    store.replace_pods(KEY, [pod(version=5)], list_version=6)
+    assert store.job_pods(KEY) == []
