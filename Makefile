@@ -24,7 +24,7 @@ KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
 .PHONY: help venv tools lint manifests test test-unit test-trainer test-cluster cluster cluster-down images install \
-	demo bench
+	demo bench bench-compare
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -89,3 +89,6 @@ demo: venv cluster images install ## a real 2-worker MNIST job on the cluster, f
 
 bench: venv ## operator benchmark (creation latency, burst, preemption recovery, memory)
 	$(PY) -m tests.bench.operator_bench
+
+bench-compare: venv tools ## kubetf vs Kubeflow's training-operator vs the raw API server (ARGS="--foreign-pods 5000")
+	$(PY) -m tests.bench.compare $(ARGS)
