@@ -272,7 +272,7 @@ class Bench:
 
         start = time.monotonic()
         list(self.pool.map(lambda i: self.post(pod(i)), range(count)))
-        print(f"  created in {time.monotonic() - start:.0f}s", flush=True)
+        print(f"  created in {time.monotonic() - start:.1f}s", flush=True)
         return namespace
 
     def idle_rss(self, start: Callable[[], Any], pid_of: Callable[[Any], int]) -> tuple[float, float]:
@@ -442,11 +442,15 @@ def summary(args: argparse.Namespace, results: dict[str, Result], foreign: dict[
         ".0f",
     )
     row("client CPU while applying (cores)", lambda r: r.client_cpu, ".2f")
-    if foreign:
-        print(f"{f'RSS with {args.foreign_pods} foreign pods (MiB)':34}" + "".join(
-            f"{foreign[k][0]:>12.0f}" if k in foreign else f"{'-':>12}" for k in results))  # fmt: skip
 
     k, f, raw, rawkf = (results.get(n) for n in ("kubetf", "kubeflow", "raw", "raw-kubeflow"))
+    for who, label in (("kubetf", "kubetf"), ("kubeflow", "Kubeflow")):
+        if who in foreign:
+            idle = results[who].rss_idle if who in results else None
+            print(
+                f"RSS with {args.foreign_pods} foreign pods, {label}: {foreign[who][0]:.0f} MiB "
+                f"(peak {foreign[who][1]:.0f})" + (f", idle without them {idle:.0f} MiB" if idle else "")
+            )
     print()
     print("ratios:")
     if k and f:
@@ -466,10 +470,6 @@ def summary(args: argparse.Namespace, results: dict[str, Result], foreign: dict[
             f"  RSS with {args.foreign_pods} foreign pods kubetf / Kubeflow: "
             f"{ratio(foreign['kubetf'][0], foreign['kubeflow'][0])}  (target < 1)"
         )
-    if k and "kubetf" in foreign and k.rss_idle:
-        print(f"  kubetf RSS: idle {k.rss_idle:.0f} MiB, with foreign pods {foreign['kubetf'][0]:.0f} MiB")
-    if f and "kubeflow" in foreign and f.rss_idle:
-        print(f"  Kubeflow RSS: idle {f.rss_idle:.0f} MiB, with foreign pods {foreign['kubeflow'][0]:.0f} MiB")
     sys.stdout.flush()
 
 
