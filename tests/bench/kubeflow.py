@@ -116,6 +116,14 @@ def prepare_certs(api: client.ApiClient, namespace: str = OPERATOR_NAMESPACE) ->
         (CERT_DIR / name).write_bytes(data[name])
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the benchmark dies, so no operator is left acting on the cluster."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -144,6 +152,7 @@ class TrainingOperator:
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "KUBECONFIG": self.kubeconfig, "MY_POD_NAMESPACE": self.namespace},
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while True:
