@@ -75,6 +75,7 @@ class Result:
     cpu_per_job: float | None = None
     apiserver_cpu_per_job: float | None = None
     client_cpu: float | None = None  # this client's CPU use during the burst, in cores
+    quiet_after: float | None = None  # seconds from the burst's last child until the operator was quiet
 
     @property
     def p50(self) -> float:
@@ -216,7 +217,7 @@ class Bench:
             )
             result.burst_done, result.burst = done - start, args.burst
             if pid:
-                settle(pid, most=120)
+                result.quiet_after = settle(pid, most=120)
                 result.cpu_per_job = (cpu_seconds(pid) - cpu_start) / (args.jobs + args.burst)
                 result.rss_after, result.rss_peak = rss_mib(pid), peak_rss_mib(pid)
             if apiserver:
@@ -234,7 +235,7 @@ class Bench:
         if result.rss_idle is not None:
             line += (
                 f"; RSS {result.rss_idle:.0f} -> {result.rss_after:.0f} MiB (peak {result.rss_peak:.0f}), "
-                f"CPU {1000 * result.cpu_per_job:.0f} ms/job"
+                f"CPU {1000 * result.cpu_per_job:.0f} ms/job (quiet {result.quiet_after:.0f}s after the burst)"
             )
         print(line, flush=True)
 
