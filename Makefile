@@ -24,7 +24,7 @@ KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
 .PHONY: help venv tools lint manifests test test-unit test-trainer test-cluster cluster cluster-down images install \
-	demo bench bench-scale
+	demo bench bench-scale bench-compare
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -94,3 +94,6 @@ bench: venv ## operator benchmark (creation latency, burst, preemption recovery,
 
 bench-scale: venv ## scale benchmark on kwok's fake nodes (default 2,000 jobs; ARGS="--jobs 100 --burst 20")
 	$(PY) -m tests.bench.scale $(ARGS)
+
+bench-compare: venv tools ## kubetf vs Kubeflow's training-operator vs the raw API server (ARGS="--foreign-pods 5000")
+	$(PY) -m tests.bench.compare $(ARGS)

@@ -15,64 +15,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 
+from tests.bench.common import ChildWatch, percentile, rss_mib
 from tests.cluster.fixture import ensure_cluster
 from tests.integration.conftest import Cluster, Operator, replica
 
 SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1), "worker": replica(4)}}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-class PodWatch:
-    """Counts live pods per job from one watch, so waiting costs no polling."""
-
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        from kubernetes import watch
-
-        self.cluster, self.namespace = cluster, namespace
-        self.live: dict[str, set[str]] = {}
-        self.attempts: dict[str, str] = {}
-        self.cond = threading.Condition()
-        self.watch = watch.Watch()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        for event in self.watch.stream(self.cluster.core.list_namespaced_pod, self.namespace):
-            pod = event["object"]
-            job = pod.metadata.labels.get("kubetf.io/job-name")
-            with self.cond:
-                pods = self.live.setdefault(job, set())
-                if event["type"] == "DELETED" or pod.metadata.deletion_timestamp:
-                    pods.discard(pod.metadata.name)
-                else:
-                    pods.add(pod.metadata.name)
-                    self.attempts[pod.metadata.name] = pod.metadata.labels.get("kubetf.io/attempt")
-                self.cond.notify_all()
-
-    def wait(self, predicate, timeout: float = 60) -> float:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("benchmark condition not reached")
-                self.cond.wait(left)
-        return time.monotonic()
 
 
 def main() -> None:
@@ -92,7 +43,7 @@ def main() -> None:
     try:
         time.sleep(2)  # the default ServiceAccount, and an operator at rest
         print(f"operator RSS idle: {rss_mib(operator.process.pid):.0f} MiB")
-        watch = PodWatch(cluster, namespace)
+        watch = ChildWatch(cluster.api_client, namespace, "kubetf.io/job-name")  # pods only, as before
 
         latencies = []
         for i in range(args.jobs):
