@@ -19,8 +19,8 @@ DEFAULT_LEASE_NAMESPACE = "kubetf-system"
 class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     # Client-side rate limit of all API traffic (a token bucket, like client-go's QPS and burst).
-    qps: float = 100.0
-    burst: int = 200
+    qps: float = 300.0
+    burst: int = 600
     workers: int = 8  # reconciles run in parallel (one job is never reconciled by two at once)
     # Safety resync of each unfinished job: re-read from the API server, in case a watch missed an event.
     resync_seconds: float = 600.0

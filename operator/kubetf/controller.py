@@ -178,14 +178,17 @@ class Controller:
         failed: Exception | None = None
         more_to_create = False
         if plan.create:
-            # The PVC and Service first, so the scheduler never reports a missing claim for a pod just created.
-            self.kube.create_all(plan.ensure)
+            # The PVC first, so the scheduler never reports a missing claim for a pod just created; the Service
+            # goes with the pods' first batch.
+            claims = [o for o in plan.ensure if o["kind"] == "PersistentVolumeClaim"]
+            self.kube.create_all(claims)
             batch = plan.create[: self.config.creates_per_reconcile]
             more_to_create = len(plan.create) > len(batch)
             self.expectations.expect(key, creations=[p["metadata"]["name"] for p in batch])
-            creation = self.kube.create_batched(batch, self.config.first_batch)
+            others = [o for o in plan.ensure if o["kind"] != "PersistentVolumeClaim"]
+            creation = self.kube.create_batched([*others, *batch], self.config.first_batch + len(others))
             self.expectations.cancel_creations(key, creation.skipped)
-            created = creation.created
+            created = [o for o in creation.created if o.get("kind") == "Pod"]
             for pod in created:
                 self.store.put_pod(key, pod)  # its ADDED event then brings nothing new: no reconcile for it
             if created:

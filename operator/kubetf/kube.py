@@ -93,7 +93,7 @@ class Kube:
         self.limiter = RateLimiter(qps, burst)
         self.timeout = timeout
         self.may_write = may_write
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubetf-api")
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kubetf-api")
         self.instance = instance or socket.gethostname()
 
     def _call(self, verb: str, resource: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
