@@ -37,6 +37,15 @@ class Shell:
     def status(self):
         return self.api.jobs[self.key].get("status") or {}
 
+    def running(self):
+        """Reconcile until every pod was created and reported running."""
+        self.controller.reconcile(self.key)
+        self.api.deliver(self.controller)
+        self.run_all()
+        self.api.deliver(self.controller)
+        self.controller.reconcile(self.key)
+        return self
+
     def run_all(self):
         for name, pod in self.api.pods.items():
             pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
@@ -71,11 +80,7 @@ def test_the_echo_of_its_own_status_write_costs_no_reconcile():
 
 def test_reads_come_from_the_cache_not_the_api():
     shell = Shell(mwms())
-    shell.controller.reconcile(shell.key)
-    shell.api.deliver(shell.controller)
-    shell.run_all()
-    shell.api.deliver(shell.controller)
-    shell.controller.reconcile(shell.key)
+    shell.running()
     assert shell.status()["phase"] == "Running"
     assert not [c for c in shell.api.calls if c.startswith(("get", "list"))]
 
@@ -129,11 +134,7 @@ def test_a_refused_create_keeps_what_was_created_and_backs_off_per_job():
 
 def test_a_resync_rereads_the_api_and_acts_on_a_deletion_the_watch_missed():
     shell = Shell(mwms())
-    shell.controller.reconcile(shell.key)
-    shell.api.deliver(shell.controller)
-    shell.run_all()
-    shell.api.deliver(shell.controller)
-    shell.controller.reconcile(shell.key)
+    shell.running()
     shell.api.pods.pop("mnist-worker-0")  # deleted during a watch gap: no event ever comes
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 0  # the cache cannot know
@@ -184,11 +185,7 @@ def test_config_defaults_are_stated_once():
 
 def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for():
     shell = Shell(mwms())
-    shell.controller.reconcile(shell.key)
-    shell.api.deliver(shell.controller)
-    shell.run_all()
-    shell.api.deliver(shell.controller)
-    shell.controller.reconcile(shell.key)
+    shell.running()
     shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
     shell.api.update_pod("mnist-worker-1")
     shell.api.deliver(shell.controller)
