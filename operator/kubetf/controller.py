@@ -58,7 +58,15 @@ class Controller:
         threading.Thread(target=self._prime_and_start, name="kubetf-prime", daemon=True).start()
 
     def _prime_and_start(self) -> None:
-        self.prime()
+        delay = 1.0
+        while True:
+            try:
+                self.prime()
+                break
+            except Exception:
+                log.exception("listing the jobs and pods failed; retrying in %.0fs", delay)
+                time.sleep(delay)
+                delay = min(2 * delay, 30.0)
         self.start()
 
     def prime(self) -> None:
@@ -150,7 +158,7 @@ class Controller:
         waiting_until = self.expectations.waiting_until(key)
         if waiting_until is not None:
             with self.lock:
-                self.deferred[key] = min(NORMAL, self.deferred.get(key, NORMAL))
+                self.deferred[key] = min(priority, self.deferred.get(key, priority))
             self.queue.at(waiting_until, key, NORMAL)  # a lost watch event must not stall the job
             return None
         if priority == RESYNC:
