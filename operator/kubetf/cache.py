@@ -206,6 +206,10 @@ class Store:
             entry = (self.pods.get(job) or {}).get(name)
         return entry is not None and entry[3] == uid and not entry[2][1]
 
+    def pod_jobs(self) -> list[Key]:
+        with self.lock:
+            return list(self.pods)
+
     def pod_count(self) -> int:
         with self.lock:
             return sum(len(p) for p in self.pods.values())

@@ -30,6 +30,8 @@ URGENT = 0  # a pod ended, vanished or is being taken away: a restart is due
 NORMAL = 1  # a new or changed job, a pod that started, a timer
 RESYNC = 2  # the periodic safety re-read
 
+AUDIT_AFTER_START = 20.0  # seconds: the watches have listed by then
+
 
 class Controller:
     def __init__(self, kube: Kube, config: OperatorConfig, clock: Callable[[], float] = time.time) -> None:
@@ -41,23 +43,11 @@ class Controller:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.threads: list[threading.Thread] = []
-        self.listed_once = False
 
     # ------------------------------------------------------------------ lifecycle
 
-    def listed(self) -> None:
-        """The watches have delivered their initial lists and are watching: prime the cache, then start the
-        workers (on a thread of its own: this is called on kopf's event loop). Later calls do nothing.
-
-        Priming only after the watches run leaves no gap: anything deleted after this list is taken arrives as
-        a DELETED event (and a tombstone keeps the list from bringing it back)."""
-        with self.lock:
-            if self.listed_once:
-                return
-            self.listed_once = True
-        threading.Thread(target=self._prime_and_start, name="kubetf-prime", daemon=True).start()
-
-    def _prime_and_start(self) -> None:
+    def run(self) -> None:
+        """Prime the cache, start the workers, and audit the cache once the watches run (call on a thread)."""
         delay = 1.0
         while True:
             try:
@@ -68,6 +58,14 @@ class Controller:
                 time.sleep(delay)
                 delay = min(2 * delay, 30.0)
         self.start()
+        threading.Thread(target=self._audit_after_start, name="kubetf-audit", daemon=True).start()
+
+    def _audit_after_start(self) -> None:
+        time.sleep(AUDIT_AFTER_START)
+        try:
+            self.audit()
+        except Exception:  # the jobs' own resyncs remain
+            log.exception("auditing the cache after the start failed")
 
     def prime(self) -> None:
         """Fill the cache with a paged list of jobs and of the operator's pods before any reconcile, so that no
@@ -81,6 +79,26 @@ class Controller:
                 self.store.put_pod(key, pod)
         self.requeue_all()
         log.info("cache primed: %d jobs, %d pods", self.store.job_count(), self.store.pod_count())
+
+    def audit(self) -> None:
+        """Compare the cached pods with a fresh paged list: a deletion that fell between the priming list and
+        the start of kopf's watch is acted on now, not at the job's next resync."""
+        for namespace in self.config.namespaces or ("",):
+            listed: dict[Key, list[dict[str, Any]]] = {
+                key: [] for key in self.store.pod_jobs() if not namespace or key[0] == namespace
+            }
+            version = 0
+            for items, list_version in self.kube.pages("pods", namespace, api.MANAGED_PODS_SELECTOR):
+                version = list_version
+                for pod in items:
+                    key = _pod_job(pod)
+                    if key is not None:
+                        listed.setdefault(key, []).append(pod)
+            for key, pods in listed.items():
+                if self.store.replace_pods(key, pods, version):
+                    log.warning("%s/%s: the watch had missed changes of its pods; acting on a fresh list", *key)
+                    self.expectations.forget(key)
+                    self.queue.add(key, URGENT)
 
     def requeue_all(self) -> None:
         """Reconcile every job again (leadership regained: events meanwhile may not have been acted on)."""
@@ -181,7 +199,10 @@ class Controller:
                 name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
                 if not self.store.still_there(key, name, uid):
                     self.expectations.observe(key, name, uid, gone=True)
-            self.kube.delete_pods(plan.delete)
+            for pod in self.kube.delete_pods(plan.delete):  # already gone: its DELETED event may never come
+                name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+                self.store.remove_pod(key, name, uid)
+                self.expectations.observe(key, name, uid, gone=True)
         created: list[dict[str, Any]] = []
         failed: Exception | None = None
         more_to_create = False

@@ -53,24 +53,12 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
             trust_env=settings.networking.trust_env,
         )
 
-    # Index handlers that index nothing: with them kopf holds every event handler back until its initial lists of
-    # both kinds are complete, so the first event handler call says the watches run (controller.listed).
-    @kopf.index(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
-    async def jobs_listed(**_: Any) -> None:
-        return None
-
-    @kopf.index("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGER}, registry=registry)
-    async def pods_listed(**_: Any) -> None:
-        return None
-
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
     async def job_event(event: kopf.RawEvent, **_: Any) -> None:
-        controller.listed()
         controller.job_event(event["type"], event["object"])
 
     @kopf.on.event("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGER}, registry=registry)
     async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        controller.listed()
         controller.pod_event(event["type"], event["object"])
 
     return registry

@@ -179,17 +179,27 @@ class Kube:
     ) -> Iterator[Obj]:
         """Every pod, or custom object (its plural and `api_version`), in `namespaces` (none: all), page by page."""
         for namespace in list(namespaces) or [""]:
-            token = None
-            while True:
-                kwargs: dict[str, Any] = {"limit": PAGE_SIZE, "label_selector": label_selector}
-                if token:
-                    kwargs["_continue"] = token
-                fn, args = self._lister(resource, namespace, api_version)
-                page = self._call("list", resource, fn, *args, **kwargs)
-                yield from page["items"]
-                token = (page.get("metadata") or {}).get("continue")
-                if not token:
-                    break
+            for items, _version in self.pages(resource, namespace, label_selector, api_version):
+                yield from items
+
+    def pages(
+        self, resource: str, namespace: str, label_selector: str = "", api_version: str = api.API_VERSION
+    ) -> Iterator[tuple[list[Obj], int]]:
+        """One list (namespace "": all), page by page, each with the list's resourceVersion."""
+        token = None
+        version = 0
+        while True:
+            kwargs: dict[str, Any] = {"limit": PAGE_SIZE, "label_selector": label_selector}
+            if token:
+                kwargs["_continue"] = token
+            fn, args = self._lister(resource, namespace, api_version)
+            page = self._call("list", resource, fn, *args, **kwargs)
+            metadata = page.get("metadata") or {}
+            version = version or int(metadata.get("resourceVersion") or 0)
+            yield page["items"], version
+            token = metadata.get("continue")
+            if not token:
+                break
 
     def _lister(self, resource: str, namespace: str, api_version: str) -> tuple[Any, tuple[str, ...]]:
         if resource == "pods":
@@ -254,18 +264,22 @@ class Kube:
         except Exception as error:  # reported by create_batched, raised by its caller
             return error
 
-    def delete_pods(self, pods: Iterable[Obj]) -> None:
-        list(self.pool.map(self.delete_pod, pods))
+    def delete_pods(self, pods: list[Obj]) -> list[Obj]:
+        """Delete these pods; returns those that were already gone."""
+        return [pod for pod, deleted in zip(pods, self.pool.map(self.delete_pod, pods), strict=True) if not deleted]
 
-    def delete_pod(self, pod: Obj) -> None:
-        """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint."""
+    def delete_pod(self, pod: Obj) -> bool:
+        """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint.
+        False when it was already gone."""
         meta = pod["metadata"]
         body = {"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else {}
         try:
             self._call("delete", "pods", self.core.delete_namespaced_pod, meta["name"], meta["namespace"], body=body)
         except ApiException as error:
-            if error.status not in (404, 409):  # gone, or already replaced by a newer pod of that name
-                raise
+            if error.status in (404, 409):  # gone, or already replaced by a newer pod of that name
+                return False
+            raise
+        return True
 
     def get_pod(self, namespace: str, name: str) -> Obj | None:
         return self._get("pods", self.core.read_namespaced_pod, name, namespace)

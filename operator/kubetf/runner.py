@@ -1,8 +1,7 @@
 """`kubetf operator`: health and metrics endpoints, leader election, then the cache, the controller and kopf.
 
 A standby (every replica but the leader) only takes part in the election: it watches nothing and writes nothing.
-Once it holds the lease it starts kopf's watches; once they run, it lists the jobs and pods and starts
-reconciling. A leader that
+Once it holds the lease it lists the jobs and pods, starts reconciling and starts kopf's watches. A leader that
 cannot renew its lease stops writing at once (its watches and cache go on); when it holds the lease again it
 reconciles every job, since what happened meanwhile may not have been acted on.
 """
@@ -56,6 +55,7 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
     controller = Controller(kube, config)
     if elector is not None:
         elector.on_elected = controller.requeue_all
+    threading.Thread(target=controller.run, name="kubetf-start", daemon=True).start()
     try:
         kopf.run(
             registry=handlers.registry(controller),

@@ -103,6 +103,10 @@ class FakeApi:
         source = self.pods.values() if resource == "pods" else self.jobs.values()
         return [copy.deepcopy(o) for o in source]
 
+    def pages(self, resource: str, namespace: str, label_selector: str = ""):
+        self.calls.append(f"list {resource}")
+        yield [copy.deepcopy(p) for p in self.pods.values()], next(self.version)
+
     def create_all(self, objects) -> list[dict]:
         created = []
         for obj in objects:
@@ -138,14 +142,17 @@ class FakeApi:
             result.created.append(copy.deepcopy(pod))
         return result
 
-    def delete_pods(self, pods) -> None:
+    def delete_pods(self, pods) -> list[dict]:
+        gone = []
         for pod in pods:
             self.calls.append("delete Pod")
             current = self.pods.get(pod["metadata"]["name"])
             if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+                gone.append(pod)
                 continue
             current["metadata"]["deletionTimestamp"] = st.format_time(self.clock())
             self.update_pod(current["metadata"]["name"])
+        return gone
 
     def event(self, job: dict, type_: str, reason: str, message: str) -> None:
         self.calls.append("create Event")

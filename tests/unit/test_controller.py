@@ -203,3 +203,13 @@ def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for()
     store.job_pods = real_job_pods
     shell.api.deliver(shell.controller)
     assert shell.controller.expectations.waiting_until(shell.key) is None
+
+
+def test_an_audit_after_the_start_acts_on_a_deletion_no_watch_showed():
+    shell = Shell(mwms()).running()
+    shell.queued()
+    shell.api.pods.pop("mnist-worker-0")  # between the priming list and the watch's own: no event ever comes
+    shell.controller.audit()
+    assert shell.queued() == [(shell.key, URGENT)]
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["restarts"]["disruptions"] == 1
