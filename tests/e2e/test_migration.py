@@ -87,9 +87,12 @@ def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(inst
     create(cluster, namespace, job)
 
     wait_for(
-        lambda: any(r["step"] >= 1000 for r in tf1_records(log(cluster, namespace, "dist-mnist-worker-0"), "progress")),
+        lambda: (
+            any(r["step"] >= 1000 for r in tf1_records(log(cluster, namespace, "dist-mnist-worker-0"), "progress"))
+            and tf1_records(log(cluster, namespace, "dist-mnist-worker-1"), "session")
+        ),  # nothing to resume before it
         600,
-        "1000 global steps (a checkpoint every 200)",
+        "1000 global steps (a checkpoint every 200) and both workers in session",
         interval=1.0,
     )
     print(f"\ndist-mnist: apply -> 1000 steps {elapsed(start)}")

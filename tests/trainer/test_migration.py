@@ -57,9 +57,12 @@ def test_converted_tf1_between_graph_job_survives_a_lost_ps(local_run, tmp_path)
     assert job["spec"]["strategy"] == "Independent"
     run = local_run(job)
     run.wait_for(
-        lambda lines: any(r["step"] >= 600 for r in tf1_records(lines, "worker-0", "progress")),
+        lambda lines: (
+            any(r["step"] >= 600 for r in tf1_records(lines, "worker-0", "progress"))
+            and tf1_records(lines, "worker-1", "session")
+        ),  # a worker still starting has nothing to resume
         180,
-        "600 global steps (checkpoints every 200)",
+        "600 global steps (checkpoints every 200) and both workers in session",
     )
     os.kill(run.pid("ps-0"), signal.SIGKILL)
     assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
