@@ -50,7 +50,7 @@ def reader_pod(cluster, namespace, claim, command):
 def test_the_operator_runs_under_the_restricted_pod_security_standard(installed):
     apps = client.AppsV1Api(installed.api_client)
     (deployment,) = apps.list_namespaced_deployment(OPERATOR_NAMESPACE).items
-    assert deployment.status.available_replicas == 1
+    assert deployment.status.available_replicas == deployment.spec.replicas == 2  # a leader and a standby
     labels = installed.core.read_namespace(OPERATOR_NAMESPACE).metadata.labels
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
