@@ -37,10 +37,10 @@ class NotLeader(Exception):
 
 @dataclass
 class Creation:
-    """What one batched creation did: created objects, names already taken, names not created and why."""
+    """What one batched creation did: created objects, names not created and why (a name already taken is
+    neither: the watch shows that object)."""
 
     created: list[Obj] = field(default_factory=list)
-    existing: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     error: Exception | None = None
 
@@ -247,9 +247,7 @@ class Kube:
                 if isinstance(outcome, Exception):
                     result.skipped.append(name)
                     result.error = result.error or outcome
-                elif outcome is None:
-                    result.existing.append(name)
-                else:
+                elif outcome is not None:
                     result.created.append(outcome)
             start += len(batch)
             if result.error is not None:

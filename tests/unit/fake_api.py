@@ -130,7 +130,6 @@ class FakeApi:
                 result.skipped += [o["metadata"]["name"] for o in objects[i:]]
                 break
             if name in self.pods:
-                result.existing.append(name)
                 continue
             pod = copy.deepcopy(obj)
             pod["metadata"]["uid"] = f"uid-{next(self.uids)}"
