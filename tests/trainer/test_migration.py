@@ -70,11 +70,13 @@ def test_converted_tf1_between_graph_job_survives_a_lost_ps(local_run, tmp_path)
     restarts = [line for line in run.lines if "restarting" in line]
     assert len(restarts) == 1 and restarts[0].endswith("restarting ps-0 (failures 0, disruptions 1)"), restarts
     assert [line for line in run.lines if "started worker-" in line and "attempt 1" in line] == []
-    # Both workers recreated their session on the restarted ps and went on from the chief's checkpoint.
-    for label in ("worker-0", "worker-1"):
-        # At least one recovered session (a worker may recover twice while the new ps comes up).
-        resumed, *_ = tf1_records(run.lines, label, "resumed")
-        assert 200 <= resumed["step"] < 3000, resumed
+    # Both workers recreated their session on the restarted ps (a worker may recover twice while the new ps comes
+    # up) and went on from the chief's checkpoint, not from step 0.
+    chief_resumed, *_ = tf1_records(run.lines, "worker-0", "resumed")
+    assert 200 <= chief_resumed["step"] < 3000, chief_resumed
+    # Under load the chief may finish the remaining steps before worker 1 has its new session: 3000 is allowed.
+    worker_resumed, *_ = tf1_records(run.lines, "worker-1", "resumed")
+    assert worker_resumed["step"] >= 200, worker_resumed
     for label in ("worker-0", "worker-1"):
         (done,) = tf1_records(run.lines, label, "done")
         assert done["step"] >= 2990
