@@ -309,6 +309,8 @@ def _path(parts: Any) -> str:
 def _cel_problems(job: Job) -> list[Problem]:
     problems = []
     for path, rule, value in _cel_rules(job, openapi_schema(), []):
+        if "oldSelf" in rule["rule"]:
+            continue  # a transition rule: only an update of a stored job has an old object
         try:
             ok = _cel_eval(rule["rule"], value)
         except Exception:  # a rule over a malformed value: the schema error already says why

@@ -58,6 +58,11 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
         for k in ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
         if k in meta
     }
+    controller = [
+        {"uid": o.get("uid"), "controller": True} for o in meta.get("ownerReferences") or [] if o.get("controller")
+    ]
+    if controller:
+        slim_meta["ownerReferences"] = controller[:1]  # tells a previous job's pods from this one's
     slim_spec: Obj = {"containers": [{"name": c.get("name")} for c in spec.get("containers") or []]}
     if spec.get("nodeName"):
         slim_spec["nodeName"] = spec["nodeName"]
@@ -70,7 +75,7 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
         if key in slim_status:
             slim_status[key] = [{k: c[k] for k in ("name", "ready", "state") if k in c} for c in slim_status[key] or []]
     if "conditions" in slim_status:
-        kept = ("type", "status", "reason", "message")
+        kept = ("type", "status", "reason", "message", "lastTransitionTime")
         slim_status["conditions"] = [{k: c[k] for k in kept if k in c} for c in slim_status["conditions"] or []]
     return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
 

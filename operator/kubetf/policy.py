@@ -14,11 +14,18 @@ from kubetf.api import Job
 
 Task = tuple[str, int]
 
-# Exit codes that mean "stopped from outside", not "the program is wrong": SIGKILL/SIGTERM after a SIGTERM from
-# the kubelet, and 42 from TensorFlow's PreemptionCheckpointHandler after it saved a checkpoint.
-DISRUPTION_EXIT_CODES = {137: "killed (SIGKILL)", 143: "terminated (SIGTERM)", 42: "preempted (checkpoint saved)"}
-# DisruptionTarget condition reasons and pod status reasons the kubelet/scheduler use for preemption.
+# Exit codes of a process stopped by a signal: a disruption only when something outside stopped the pod (it was
+# deleted, evicted, preempted, its node shut down). Without such a sign, a liveness probe, an OOM in a child or the
+# program itself killed it: a failure, or a hung program would restart forever without reaching backoffLimit.
+SIGNAL_EXIT_CODES = {137: "killed (SIGKILL)", 143: "terminated (SIGTERM)"}
+# TensorFlow's PreemptionCheckpointHandler exits 42 after saving a checkpoint on a preemption notice: always one.
+PREEMPTED_EXIT_CODE = 42
+# Pod status reasons the kubelet uses when it stops a pod for the node's sake (pressure eviction, node shutdown).
 DISRUPTION_POD_REASONS = {"Terminated", "NodeShutdown", "Evicted", "NodeLost", "Shutdown"}
+# Pod status reasons of a kubelet that refused a pod before it ran (admission): the node's trouble, not the
+# program's. `OutOf<resource>` (OutOfcpu, OutOfnvidia.com/gpu: a device plugin that lost its devices) is matched by
+# prefix.
+NODE_REJECTION_REASONS = {"UnexpectedAdmissionError", "NodeAffinity", "NodeSelectorMismatching", "Taint"}
 MAX_BACKOFF_SECONDS = 300
 
 
@@ -36,21 +43,28 @@ class Termination:
     exit_code: int | None = None
 
 
-def classify_exit(exit_code: int, restart_policy: str, *, oom_killed: bool = False) -> Termination:
-    """A finished training process, from its exit code alone (what `kubetf local` sees)."""
+def classify_exit(
+    exit_code: int, restart_policy: str, *, oom_killed: bool = False, stopped_from_outside: bool = False
+) -> Termination:
+    """A finished training process, from its exit code and whether something outside stopped it."""
     if exit_code == 0:
         return Termination(Outcome.SUCCEEDED, "exited 0", 0)
-    if exit_code in DISRUPTION_EXIT_CODES and not oom_killed:
-        return Termination(Outcome.DISRUPTED, f"exit code {exit_code}: {DISRUPTION_EXIT_CODES[exit_code]}", exit_code)
+    if exit_code == PREEMPTED_EXIT_CODE:
+        return Termination(Outcome.DISRUPTED, f"exit code {exit_code}: preempted (checkpoint saved)", exit_code)
+    if exit_code in SIGNAL_EXIT_CODES and stopped_from_outside and not oom_killed:
+        return Termination(Outcome.DISRUPTED, f"exit code {exit_code}: {SIGNAL_EXIT_CODES[exit_code]}", exit_code)
     reason = f"exit code {exit_code}" + (" (OOMKilled)" if oom_killed else "")
+    if exit_code in SIGNAL_EXIT_CODES and not oom_killed:
+        reason += f": {SIGNAL_EXIT_CODES[exit_code]} with no eviction, preemption or deletion of the pod"
     if restart_policy == "ExitCode" and 1 <= exit_code <= 127:
         return Termination(Outcome.PERMANENT, reason + ": permanent under restartPolicy ExitCode", exit_code)
     return Termination(Outcome.FAILED, reason, exit_code)
 
 
 def classify_signal(signal_number: int, restart_policy: str) -> Termination:
-    """A local process killed by a signal: the shell's 128+N convention, as a container would report it."""
-    return classify_exit(128 + signal_number, restart_policy)
+    """A local process killed by a signal (`kubetf local` stops its processes by exit, never by signal, so the
+    signal came from outside: the machine's OOM killer aside, what a deleted pod is in a cluster)."""
+    return classify_exit(128 + signal_number, restart_policy, stopped_from_outside=True)
 
 
 def disruption_reason(pod: dict[str, Any]) -> str | None:
@@ -61,7 +75,19 @@ def disruption_reason(pod: dict[str, Any]) -> str | None:
             return f"{condition.get('reason', 'DisruptionTarget')}: {condition.get('message', '')}".rstrip(": ")
     if status.get("phase") == "Failed" and status.get("reason") in DISRUPTION_POD_REASONS:
         return f"{status['reason']}: {status.get('message', '')}".rstrip(": ")
+    if status.get("phase") == "Failed" and _rejected_by_node(pod):
+        return f"NodeRejected: {status['reason']}: {status.get('message', '')}".rstrip(": ")
     return None
+
+
+def _rejected_by_node(pod: dict[str, Any]) -> bool:
+    """The kubelet refused the pod at admission: it failed without any container having run."""
+    reason = str((pod.get("status") or {}).get("reason") or "")
+    if not (reason in NODE_REJECTION_REASONS or reason.startswith("OutOf")):
+        return False
+    return not any(
+        (c.get("state") or {}).get("terminated") for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
 
 
 def classify_pod(pod: dict[str, Any], restart_policy: str) -> Termination | None:
@@ -79,7 +105,10 @@ def classify_pod(pod: dict[str, Any], restart_policy: str) -> Termination | None
     if not terminated:
         return Termination(Outcome.FAILED, status.get("reason") or status.get("message") or "pod failed")
     return classify_exit(
-        int(terminated.get("exitCode", 1)), restart_policy, oom_killed=terminated.get("reason") == "OOMKilled"
+        int(terminated.get("exitCode", 1)),
+        restart_policy,
+        oom_killed=terminated.get("reason") == "OOMKilled",
+        stopped_from_outside=bool((pod.get("metadata") or {}).get("deletionTimestamp")),
     )
 
 
@@ -94,7 +123,11 @@ def _training_container_terminated(pod: dict[str, Any]) -> dict[str, Any] | None
 
 
 def restart_targets(job: Job, role: str, index: int) -> list[Task]:
-    """The tasks to restart together when (role, index) ended abnormally, chief first.
+    """The tasks to restart together when (role, index) ended abnormally, chief first. Every one of them runs
+    again, even one that had already exited 0: the new group needs it (MultiWorkerMirrored's collectives wait for
+    every peer; a finished peer left out would leave the others waiting forever), and a program resumes from its
+    checkpoint, so a finished task exits again at once. Other strategies never put a finished task in a group: a
+    finished chief has already ended the job, and workers restart alone.
 
     MultiWorkerMirrored: collectives need every peer, so the whole chief+worker group. ParameterServer: a worker
     rejoins alone; a lost ps loses variables the coordinator (chief) holds handles to, so the ps and the chief.
@@ -120,6 +153,20 @@ def restart_targets(job: Job, role: str, index: int) -> list[Task]:
     #   resumes; the variables on the ps were never lost. Estimator's evaluator only reads checkpoints.
     # A program that cannot survive these (a plain tf.compat.v1.Session) exits non-zero and is restarted in turn.
     return [(role, index)]
+
+
+def barrier(job: Job, role: str, index: int) -> list[Task]:
+    """The tasks whose old pods must all be gone before (role, index)'s replacement is created: every task it may
+    be restarted together with. A new MultiWorkerMirrored chief that met a worker of the old group (still
+    terminating, still resolvable through the headless Service) would crash, and a new ps must never get
+    variables from an old chief."""
+    task = (role, index)
+    tasks: list[Task] = []
+    for other in api.tasks(job):
+        group = restart_targets(job, *other)
+        if task in group:
+            tasks += [t for t in group if t not in tasks]
+    return tasks or [task]
 
 
 def success_tasks(job: Job) -> list[Task]:

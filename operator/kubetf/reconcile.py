@@ -131,15 +131,21 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
             return result
         phase = st.RESTARTING
 
-    # Stale pods go first; a task's replacement is created only once no pod of it is left.
+    # Stale pods go first; a task's replacement is created only once no old pod of it, nor of any task it
+    # restarts together with (policy.barrier), is left.
     restart_after = st.parse_time(status.get("restartAfter"))
     for view in views.values():
         result.delete += [p for p in view.stale if not st.is_deleting(p)]
-        if view.state == WAITING and view.pod is None and not view.stale:
-            if restart_after is not None and now < restart_after:
-                result.wake_at(restart_after)
-                continue
-            result.create.append(builders.desired_pod(job, view.role, view.index, view.attempt))
+    for view in views.values():
+        if view.state != WAITING or view.pod is not None:
+            continue
+        if any(views[st.task_key(*task)].stale for task in policy.barrier(job, view.role, view.index)):
+            continue
+        if restart_after is not None and now < restart_after:
+            result.wake_at(restart_after)
+            continue
+        result.create.append(builders.desired_pod(job, view.role, view.index, view.attempt))
+    _wake_when_waits_turn_into_warnings(views, now, result)
     if restart_after is not None and now >= restart_after:
         status.pop("restartAfter", None)
     if result.create:
@@ -150,7 +156,7 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
         _finish(job, pods, status, now, result)
         return result
 
-    _derive_phase(job, views, phase, status, transition)
+    _derive_phase(job, views, phase, status, transition, now)
     return result
 
 
@@ -168,7 +174,9 @@ def after_creation(plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], 
     job_with_status = dict(job, status=status)
     views, _ = st.observe(job_with_status, [*pods, *created])
     generation = job["metadata"].get("generation")
-    _derive_phase(job, views, status.get("phase"), status, lambda p, r, m, *_: _set(status, p, r, m, now, generation))
+    _derive_phase(
+        job, views, status.get("phase"), status, lambda p, r, m, *_: _set(status, p, r, m, now, generation), now
+    )
     return status
 
 
@@ -230,9 +238,7 @@ def _restart(
     for view, _termination in ended:
         targets += [t for t in policy.restart_targets(job, view.role, view.index) if t not in targets]
     for role, index in targets:
-        view = views[st.task_key(role, index)]
-        if view.state == COMPLETED:
-            continue  # never re-run a task that finished
+        view = views[st.task_key(role, index)]  # a finished one too: the new group needs it (restart_targets)
         if view.pod is not None:
             view.stale.append(view.pod)
             view.pod = None
@@ -255,31 +261,65 @@ def _restart(
 def _store_tasks(status: dict[str, Any], views: dict[str, TaskView]) -> None:
     status["tasks"] = {key: {"attempt": v.attempt, "state": v.state} for key, v in views.items()}
     status["replicaStatuses"] = st.replica_statuses(views)
-    total = len(views)
-    ready = sum(1 for v in views.values() if v.pod is not None and st.is_ready(v.pod))
-    status["ready"] = f"{ready}/{total}"
+    status["ready"] = f"{_ready(views)}/{len(views)}"
+
+
+def _ready(views: dict[str, TaskView]) -> int:
+    return sum(1 for v in views.values() if v.pod is not None and st.is_ready(v.pod))
+
+
+# Waits that end by themselves: an Event at most, never a Warning.
+EXPECTED_WAITS = ("PodsStarting", "PodsTerminating")
 
 
 def _derive_phase(
-    job: Job, views: dict[str, TaskView], previous: str | None, status: dict[str, Any], transition: Any
+    job: Job,
+    views: dict[str, TaskView],
+    previous: str | None,
+    status: dict[str, Any],
+    transition: Any,
+    now: float,
 ) -> None:
     _store_tasks(status, views)
     running = all(v.state == COMPLETED or (v.pod is not None and st.is_started(v.pod)) for v in views.values())
     if running:
         total = len(views)
         done = sum(1 for v in views.values() if v.state == COMPLETED)
+        ready = _ready(views)
+        # The same count as the READY column: pods running but not (yet) ready are said so.
+        not_ready = f", {total - done - ready} not ready" if ready < total - done else ""
         finished = f", {done} finished" if done else ""
-        transition(st.RUNNING, "AllPodsRunning", f"{total - done}/{total} pods running{finished}")
+        transition(st.RUNNING, "AllPodsRunning", f"{total - done}/{total} pods running{not_ready}{finished}")
         return
-    reason, message = st.waiting_message(views, api.name(job))
+    reason, message = st.waiting_message(views, api.name(job), now)
+    event_type = "Normal" if reason in EXPECTED_WAITS else "Warning"
     if previous == st.RESTARTING:
         current = st.current_condition(status) or {}
-        # Keep the restart's own reason visible until a pod explains a new wait.
-        if reason == "PodsStarting" and current.get("type") == st.RESTARTING:
+        # Keep the restart's own reason visible while its old pods terminate and its new ones start, until a
+        # wait needs explaining (an old pod stuck terminating, a new one unschedulable).
+        if (
+            reason in EXPECTED_WAITS
+            and current.get("type") == st.RESTARTING
+            and current.get("reason") not in (*EXPECTED_WAITS, "PodStuckTerminating")
+        ):
             return
-        transition(st.RESTARTING, reason, message, "Warning" if reason != "PodsStarting" else "Normal")
+        transition(st.RESTARTING, reason, message, event_type)
         return
-    transition(st.PENDING, reason, message, "Warning" if reason != "PodsStarting" else "Normal")
+    transition(st.PENDING, reason, message, event_type)
+
+
+def _wake_when_waits_turn_into_warnings(views: dict[str, TaskView], now: float, result: Plan) -> None:
+    """Reconcile again when a wait becomes worth reporting: a pod unscheduled past the grace, an old pod still
+    terminating past its grace period."""
+    for view in views.values():
+        if view.pod is not None and st.unscheduled_since(view.pod) is not None:
+            since = st.unscheduled_since(view.pod) or now
+            if now < since + st.SCHEDULING_GRACE_SECONDS:
+                result.wake_at(since + st.SCHEDULING_GRACE_SECONDS)
+        for old in view.stale:
+            at = st.stuck_terminating_at(old)
+            if at is not None and now < at:
+                result.wake_at(at)
 
 
 def _startup_timeout(
@@ -296,7 +336,7 @@ def _startup_timeout(
         if created is None:
             continue
         if now >= created + timeout:
-            why = st.pending_reason(pod) or "containers not started"
+            why = st.pending_reason(pod, now) or "containers not started"
             name = (pod.get("metadata") or {}).get("name")
             transition(
                 st.FAILED,
@@ -327,6 +367,7 @@ def _suspend(job: Job, pods: list[Pod], status: dict[str, Any], result: Plan, tr
         result.persist_first = True
     result.delete += [p for p in pods if not st.is_deleting(p)]
     status.pop("restartAfter", None)
+    _store_tasks(status, st.observe(dict(job, status=status), [])[0])  # no pod counts as active or ready
     transition(st.SUSPENDED, "Suspended", "Job suspended: pods deleted, counters kept")
 
 
@@ -347,6 +388,10 @@ def _finished(job: Job, pods: list[Pod], status: dict[str, Any], now: float, res
             continue
         if clean == "All" or not st.is_finished(pod):
             result.delete.append(pod)
+    # The counts of a finished job are those of the pods it keeps: none active once cleaned up.
+    deleted = {id(p) for p in result.delete}
+    kept = [p for p in pods if id(p) not in deleted and not st.is_deleting(p)]
+    _store_tasks(status, st.observe(dict(job, status=status), kept)[0])
     ttl = api.run_policy(job).get("ttlSecondsAfterFinished")
     finished_at = st.parse_time(status.get("completionTime"))
     if ttl is not None and finished_at is not None:

@@ -28,6 +28,13 @@ FINISHED = (SUCCEEDED, FAILED)
 # Task states kept in status.tasks.
 WAITING, CREATED, COMPLETED = "Waiting", "Created", "Succeeded"
 
+# A pod the scheduler has not placed yet is reported (a Warning) only once it waited this long: a claim the
+# provisioner binds a second later, or a node the autoscaler adds, is not worth a warning on every healthy job.
+SCHEDULING_GRACE_SECONDS = 30
+
+# A pod still there this long after its grace period ended is stuck: its kubelet is gone or wedged.
+STUCK_MARGIN_SECONDS = 15
+
 # Container waiting reasons that mean "this will not start by itself".
 STUCK_WAITING_REASONS = {
     "ImagePullBackOff",
@@ -84,11 +91,24 @@ def is_started(pod: Pod) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Running", "Succeeded") and not is_deleting(pod)
 
 
-def pending_reason(pod: Pod) -> str | None:
-    """Why a pod that should run does not: the scheduler's or the kubelet's own words."""
+def unscheduled_since(pod: Pod) -> float | None:
+    """When the scheduler first said it cannot place the pod, or None."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            since = parse_time(condition.get("lastTransitionTime"))
+            return since if since is not None else parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return None
+
+
+def pending_reason(pod: Pod, now: float | None = None) -> str | None:
+    """Why a pod that should run does not: the scheduler's or the kubelet's own words. With `now`, a scheduling
+    wait shorter than SCHEDULING_GRACE_SECONDS is not a reason yet."""
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            since = unscheduled_since(pod)
+            if now is not None and since is not None and now < since + SCHEDULING_GRACE_SECONDS:
+                break
             return f"{condition.get('reason', 'Unschedulable')}: {condition.get('message', '')}".rstrip(": ")
     for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         waiting = (container.get("state") or {}).get("waiting") or {}
@@ -116,8 +136,18 @@ def task_records(job: Job) -> dict[str, dict[str, Any]]:
     return records
 
 
+def owned_by_another(job: Job, pod: Pod) -> bool:
+    """A pod of a previous job of the same name (deleted and re-created while its pods terminate): never one of
+    this job's, whatever its labels say. Pods without an owner (`kubetf local`) belong to the job they name."""
+    uid = (job.get("metadata") or {}).get("uid")
+    owners = [o for o in (pod.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")]
+    return bool(uid and owners and owners[0].get("uid") != uid)
+
+
 def observe(job: Job, pods: list[Pod]) -> tuple[dict[str, TaskView], list[Pod]]:
-    """Each task with its current and stale pods, plus pods that belong to no task (left over from a spec change)."""
+    """Each task with its current and stale pods, plus pods that belong to no task (left over from a spec change).
+
+    A previous job's pod is stale for the task of its name: it is deleted and waited for, never counted."""
     records = task_records(job)
     views: dict[str, TaskView] = {}
     for role, index in api.tasks(job):
@@ -131,7 +161,7 @@ def observe(job: Job, pods: list[Pod]) -> tuple[dict[str, TaskView], list[Pod]]:
         view = views.get(task_key(found[0], found[1])) if found else None
         if found is None or view is None:
             orphans.append(pod)
-        elif found[2] == view.attempt:
+        elif found[2] == view.attempt and not owned_by_another(job, pod):
             view.pod = pod
         else:
             view.stale.append(pod)
@@ -155,18 +185,47 @@ def replica_statuses(views: dict[str, TaskView]) -> dict[str, dict[str, int]]:
     return counts
 
 
-def waiting_message(views: dict[str, TaskView], job_name: str) -> tuple[str, str]:
+def waiting_message(views: dict[str, TaskView], job_name: str, now: float) -> tuple[str, str]:
     """(reason, message) for a job whose pods are not all running yet."""
     waiting = [v for v in views.values() if v.state != COMPLETED and not (v.pod is not None and is_started(v.pod))]
-    stuck = [(v, pending_reason(v.pod)) for v in waiting if v.pod is not None and pending_reason(v.pod)]
     total = sum(1 for v in views.values() if v.state != COMPLETED)
+    stuck = [(v, why) for v in waiting if v.pod is not None and (why := pending_reason(v.pod, now))]
     if stuck:
         view, why = stuck[0]
-        reason = (why or "").split(":", 1)[0]
+        reason = why.split(":", 1)[0]
         more = f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""
         name = f"{job_name}-{view.role}-{view.index}"
         return reason, f"{len(waiting)}/{total} pods not running; {name}{more}: {why}"
+    old_pods = sorted((p for v in views.values() for p in v.stale), key=lambda p: not is_stuck_terminating(p, now))
+    if old_pods and any(v.pod is None for v in waiting):
+        old = old_pods[0]
+        more = f" (and {len(old_pods) - 1} more)" if len(old_pods) > 1 else ""
+        node = (old.get("spec") or {}).get("nodeName")
+        where = f" on node {node}" if node else ""
+        old_name = (old.get("metadata") or {}).get("name")
+        if is_stuck_terminating(old, now):
+            since = (old.get("metadata") or {}).get("deletionTimestamp")
+            return "PodStuckTerminating", (
+                f"{len(waiting)}/{total} pods not running; the old pod {old_name}{more} is still terminating{where} "
+                f"past its grace period (due {since}): its replacement waits until it is gone"
+            )
+        return (
+            "PodsTerminating",
+            f"{len(waiting)}/{total} pods not running; waiting for the old pod {old_name}{more} to terminate{where}",
+        )
     return "PodsStarting", f"{len(waiting)}/{total} pods not running yet"
+
+
+def stuck_terminating_at(pod: Pod) -> float | None:
+    """When a pod being deleted counts as stuck: its grace period is over (the API server sets deletionTimestamp
+    to the deletion plus the grace period) and the kubelet has had STUCK_MARGIN_SECONDS more to confirm."""
+    due = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return due + STUCK_MARGIN_SECONDS if due is not None else None
+
+
+def is_stuck_terminating(pod: Pod, now: float) -> bool:
+    at = stuck_terminating_at(pod)
+    return at is not None and now >= at
 
 
 def set_condition(

@@ -41,38 +41,82 @@ def test_restart_exactly_what_tensorflow_needs(document, role, index, expected):
     assert policy.restart_targets(document, role, index) == expected
 
 
-def pod(phase, exit_code=None, reason=None, conditions=(), status_reason=None):
+def pod(phase, exit_code=None, reason=None, conditions=(), status_reason=None, deleted=False, ran=True):
     status = {"phase": phase, "conditions": list(conditions)}
     if status_reason:
         status["reason"] = status_reason
     if exit_code is not None:
         terminated = {"exitCode": exit_code, **({"reason": reason} if reason else {})}
         status["containerStatuses"] = [{"name": "tensorflow", "state": {"terminated": terminated}}]
-    return {"spec": {"containers": [{"name": "tensorflow"}]}, "status": status}
+    elif not ran:
+        status["containerStatuses"] = [{"name": "tensorflow", "state": {"waiting": {"reason": "ContainerCreating"}}}]
+    metadata = {"deletionTimestamp": "2026-11-22T10:00:00Z"} if deleted else {}
+    return {"metadata": metadata, "spec": {"containers": [{"name": "tensorflow"}]}, "status": status}
 
 
 EVICTED = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "Eviction API"}
+PREEMPTED = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "preempted"}
+TAINT = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager", "message": "node lost"}
 
 
+# The situation, the pod as the API shows it, the restartPolicy, what it counts as.
 @pytest.mark.parametrize(
-    "the_pod,restart_policy,outcome",
+    "situation,the_pod,restart_policy,outcome",
     [
-        (pod("Succeeded", 0), "OnFailure", Outcome.SUCCEEDED),
-        (pod("Failed", 1), "OnFailure", Outcome.FAILED),
-        (pod("Failed", 1), "ExitCode", Outcome.PERMANENT),
-        (pod("Failed", 2), "ExitCode", Outcome.PERMANENT),
-        (pod("Failed", 137), "ExitCode", Outcome.DISRUPTED),
-        (pod("Failed", 143), "OnFailure", Outcome.DISRUPTED),
-        (pod("Failed", 42), "Never", Outcome.DISRUPTED),
-        (pod("Failed", 137, reason="OOMKilled"), "OnFailure", Outcome.FAILED),
-        (pod("Failed", 255), "ExitCode", Outcome.FAILED),
-        (pod("Failed", 1, conditions=[EVICTED]), "ExitCode", Outcome.DISRUPTED),
-        (pod("Failed", status_reason="NodeShutdown"), "OnFailure", Outcome.DISRUPTED),
-        (pod("Pending", conditions=[EVICTED]), "OnFailure", Outcome.DISRUPTED),
+        ("exit 0", pod("Succeeded", 0), "OnFailure", Outcome.SUCCEEDED),
+        ("program error", pod("Failed", 1), "OnFailure", Outcome.FAILED),
+        ("program error, ExitCode", pod("Failed", 1), "ExitCode", Outcome.PERMANENT),
+        ("usage error, ExitCode", pod("Failed", 2), "ExitCode", Outcome.PERMANENT),
+        ("exit 255, ExitCode: retryable", pod("Failed", 255), "ExitCode", Outcome.FAILED),
+        ("PreemptionCheckpointHandler saved and exited 42", pod("Failed", 42), "Never", Outcome.DISRUPTED),
+        # 137/143 alone: a liveness probe, a wrapper's child killed, the program killing itself.
+        ("SIGKILL, nobody deleted the pod", pod("Failed", 137), "OnFailure", Outcome.FAILED),
+        ("SIGKILL, nobody deleted the pod, ExitCode: retryable", pod("Failed", 137), "ExitCode", Outcome.FAILED),
+        ("SIGTERM, nobody deleted the pod", pod("Failed", 143), "OnFailure", Outcome.FAILED),
+        ("SIGTERM, Never: fails the job", pod("Failed", 143), "Never", Outcome.FAILED),
+        # ... but a sign that something outside stopped the pod makes it a disruption.
+        ("SIGTERM after someone deleted the pod", pod("Failed", 143, deleted=True), "Never", Outcome.DISRUPTED),
+        ("SIGKILL after the grace period", pod("Failed", 137, deleted=True), "ExitCode", Outcome.DISRUPTED),
+        ("SIGTERM, evicted", pod("Failed", 143, conditions=[EVICTED]), "OnFailure", Outcome.DISRUPTED),
+        ("SIGTERM, preempted by the scheduler", pod("Failed", 143, conditions=[PREEMPTED]), "Never", Outcome.DISRUPTED),
+        ("SIGKILL, node lost (taint manager)", pod("Failed", 137, conditions=[TAINT]), "OnFailure", Outcome.DISRUPTED),
+        ("exit 1 while evicted", pod("Failed", 1, conditions=[EVICTED]), "ExitCode", Outcome.DISRUPTED),
+        ("OOMKilled", pod("Failed", 137, reason="OOMKilled"), "OnFailure", Outcome.FAILED),
+        (
+            "OOMKilled while being deleted",
+            pod("Failed", 137, reason="OOMKilled", deleted=True),
+            "OnFailure",
+            Outcome.FAILED,
+        ),
+        ("graceful node shutdown", pod("Failed", status_reason="NodeShutdown"), "OnFailure", Outcome.DISRUPTED),
+        ("node-pressure eviction", pod("Failed", 137, status_reason="Evicted"), "Never", Outcome.DISRUPTED),
+        ("preempted before it started", pod("Pending", conditions=[EVICTED]), "OnFailure", Outcome.DISRUPTED),
+        # The kubelet refused the pod before any container ran: the node's trouble.
+        (
+            "kubelet admission error",
+            pod("Failed", status_reason="UnexpectedAdmissionError", ran=False),
+            "Never",
+            Outcome.DISRUPTED,
+        ),
+        (
+            "GPU device plugin lost its GPUs",
+            pod("Failed", status_reason="OutOfnvidia.com/gpu"),
+            "Never",
+            Outcome.DISRUPTED,
+        ),
+        ("node affinity at admission", pod("Failed", status_reason="NodeAffinity"), "OnFailure", Outcome.DISRUPTED),
+        (
+            "failed with no container status, unknown reason",
+            pod("Failed", status_reason="Whatever"),
+            "OnFailure",
+            Outcome.FAILED,
+        ),
+        ("OutOfcpu after the container ran", pod("Failed", 1, status_reason="OutOfcpu"), "OnFailure", Outcome.FAILED),
     ],
+    ids=lambda value: value if isinstance(value, str) and " " in value else "",
 )
-def test_preemption_is_told_from_failure(the_pod, restart_policy, outcome):
-    assert policy.classify_pod(the_pod, restart_policy).outcome is outcome
+def test_preemption_is_told_from_failure(situation, the_pod, restart_policy, outcome):
+    assert policy.classify_pod(the_pod, restart_policy).outcome is outcome, situation
 
 
 def test_running_pod_has_not_ended():
@@ -80,8 +124,29 @@ def test_running_pod_has_not_ended():
 
 
 def test_local_signals_map_to_container_exit_codes():
+    # `kubetf local` never signals its own processes to end them: a signal came from outside.
     assert policy.classify_signal(15, "OnFailure").outcome is Outcome.DISRUPTED
     assert policy.classify_signal(9, "OnFailure").exit_code == 137
+    # A wrapper shell reporting its killed child as exit 137 is the program's business.
+    assert policy.classify_exit(137, "OnFailure").outcome is Outcome.FAILED
+
+
+@pytest.mark.parametrize(
+    "document,role,index,expected",
+    [
+        # A new MWMS member waits until every member of the old group is gone.
+        (MWMS, "worker", 1, [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2)]),
+        (MWMS, "evaluator", 0, [("evaluator", 0)]),
+        # A new ps waits for the old chief (which held its variables' handles); the new chief for any old ps.
+        (PS, "ps", 1, [("chief", 0), ("ps", 1)]),
+        (PS, "chief", 0, [("chief", 0), ("ps", 0), ("ps", 1)]),
+        (PS, "worker", 0, [("worker", 0)]),
+        (TF1, "ps", 0, [("ps", 0)]),
+        (ESTIMATOR, "chief", 0, [("chief", 0)]),
+    ],
+)
+def test_a_replacement_waits_for_the_old_pods_of_its_restart_group(document, role, index, expected):
+    assert policy.barrier(document, role, index) == expected
 
 
 def decide(document, role, outcome_pod, failures=0, disruptions=0, restart_policy="OnFailure", **run_policy):
@@ -98,7 +163,7 @@ def test_disruptions_never_count_against_backoff_limit():
 
 
 def test_max_disruptions_caps_preemption_restarts():
-    decision = decide(MWMS, "worker", pod("Failed", 143), disruptions=2, maxDisruptions=2)
+    decision = decide(MWMS, "worker", pod("Failed", 143, deleted=True), disruptions=2, maxDisruptions=2)
     assert not decision.restart
     assert decision.reason.startswith("MaxDisruptionsExceeded")
 

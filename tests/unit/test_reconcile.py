@@ -164,6 +164,13 @@ def test_mwms_eviction_restarts_the_whole_group_as_a_disruption():
     # The other group members are stopped; nothing is created while an old pod of a task exists.
     assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-chief-0", "mnist-worker-0"]
     assert plan.create == []
+    # A barrier: no member of the new group starts while any member of the old one is still terminating, even
+    # the tasks whose own old pod is gone (a new chief meeting an old worker would crash).
+    sim.api.remove_pod("mnist-chief-0")
+    sim.api.remove_pod("mnist-worker-1")
+    plan = sim.step()
+    assert plan.create == []
+    assert "EvictionByEvictionAPI" in sim.condition()["message"]  # why it restarts stays visible meanwhile
     sim.gone()
     plan = sim.step()
     assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
@@ -248,7 +255,8 @@ def test_failed_pod_is_deleted_before_its_replacement():
     assert plan.create == []
 
 
-@pytest.mark.parametrize("code,phase,counter", [(2, "Failed", None), (137, "Restarting", "disruptions")])
+# 137 with nobody deleting the pod: killed from inside (a liveness probe, the program): a retryable failure.
+@pytest.mark.parametrize("code,phase,counter", [(2, "Failed", None), (137, "Restarting", "failures")])
 def test_exit_code_policy(code, phase, counter):
     document = mwms_job()
     document["spec"]["replicaSpecs"]["worker"]["restartPolicy"] = "ExitCode"
@@ -277,6 +285,97 @@ def test_chief_success_stops_the_rest_and_never_reruns_completed_workers():
     sim.gone()
     plan = sim.step(100)
     assert plan.create == [] and plan.delete == []
+
+
+def test_mwms_group_restart_reruns_a_worker_that_had_already_finished():
+    document = mwms_job()
+    document["spec"]["successPolicy"] = "AllWorkers"
+    sim = started(document)
+    sim.exit("mnist-worker-1", 0)
+    sim.step()
+    assert sim.status["tasks"]["worker-1"]["state"] == "Succeeded"
+    sim.evict("mnist-chief-0")
+    plan = sim.step()
+    # The new group's collectives need every peer: the finished one runs again (and resumes from the checkpoint).
+    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-worker-0", "mnist-worker-1"]
+    sim.gone()
+    plan = sim.step()
+    assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
+    assert sim.status["tasks"]["worker-1"] == {"attempt": 1, "state": "Created"}
+
+
+def test_a_finished_job_counts_only_the_pods_it_keeps():
+    sim = started(ps_job())
+    assert sim.status["ready"] == "5/5"
+    sim.exit("mnist-chief-0", 0)
+    sim.step()
+    assert sim.status["phase"] == "Succeeded"
+    # cleanPodPolicy Running deletes the ps, the workers and the evaluator: nothing is active or ready any more.
+    assert sim.status["ready"] == "0/5"
+    assert sim.status["replicaStatuses"]["worker"] == {"active": 0, "ready": 0, "succeeded": 0, "failed": 0}
+    assert sim.status["replicaStatuses"]["chief"]["succeeded"] == 1
+
+
+def test_a_suspended_job_counts_no_pod():
+    sim = started(mwms_job())
+    sim.job["spec"]["runPolicy"]["suspend"] = True
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert sim.status["phase"] == "Suspended"
+    assert sim.status["ready"] == "0/3"
+    assert all(counts["active"] == 0 for counts in sim.status["replicaStatuses"].values())
+
+
+def test_running_message_and_ready_column_agree():
+    sim = Sim(mwms_job())
+    sim.step()
+    for name, pod in sim.pods.items():
+        ready = "True" if name == "mnist-chief-0" else "False"
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]}
+        sim.api.update_pod(name)
+    sim.step()
+    assert sim.status["ready"] == "1/3"
+    assert sim.condition()["message"] == "3/3 pods running, 2 not ready"
+
+
+def test_a_recreated_job_never_adopts_the_previous_jobs_pods():
+    sim = started(mwms_job(maxDisruptions=0))
+    old_uid = sim.job["metadata"]["uid"]
+    # kubectl delete tj mnist && kubectl apply -f mnist.yaml: the old pods are still terminating.
+    for name in list(sim.pods):
+        sim.pods[name]["metadata"]["deletionTimestamp"] = st.format_time(sim.now + 30)
+        sim.api.update_pod(name)
+    document = mwms_job(maxDisruptions=0)
+    del sim.api.jobs[sim.key]
+    sim.api.add_job(document)
+    assert sim.job["metadata"]["uid"] != old_uid
+    plan = sim.step()
+    # Nothing counted, nothing failed, nothing created over the old pods' names until they are gone.
+    assert sim.status["phase"] == "Pending"
+    assert sim.status["restarts"]["total"] == 0
+    assert plan.create == []
+    assert "waiting for the old pod" in sim.condition()["message"]
+    sim.gone()
+    plan = sim.step()
+    assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == sim.job["metadata"]["uid"] for p in plan.create)
+
+
+def test_an_old_pod_stuck_terminating_is_reported_with_its_node():
+    sim = started(mwms_job())
+    sim.pods["mnist-worker-1"]["spec"]["nodeName"] = "spot-7"
+    sim.evict("mnist-worker-1")
+    sim.step()
+    sim.api.remove_pod("mnist-chief-0")
+    sim.api.remove_pod("mnist-worker-0")
+    plan = sim.step()
+    assert plan.create == [] and plan.requeue_at == sim.now + st.STUCK_MARGIN_SECONDS
+    assert sim.condition()["reason"] == "Disrupted"  # a few seconds of terminating are normal: no warning
+    plan = sim.step(st.STUCK_MARGIN_SECONDS + 1)  # the eviction's deletionTimestamp was now: grace 0
+    assert plan.create == []
+    assert sim.condition()["reason"] == "PodStuckTerminating"
+    assert "mnist-worker-1 is still terminating on node spot-7" in sim.condition()["message"]
+    assert sim.api.recorded[-1][:2] == ("Warning", "PodStuckTerminating")
 
 
 def test_clean_pod_policy_none_and_all():
@@ -325,19 +424,28 @@ def test_stuck_pending_says_why_then_fails_after_the_startup_timeout():
     assert "ImagePullBackOff" in sim.condition()["message"]
 
 
-def test_unschedulable_reason_comes_from_the_scheduler():
+def test_unschedulable_is_reported_in_the_schedulers_words_once_it_lasts():
     sim = Sim(mwms_job())
     sim.step()
     message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+        "lastTransitionTime": st.format_time(sim.now),
+    }
     for name, pod in sim.pods.items():
-        pod["status"] = {
-            "phase": "Pending",
-            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
-        }
+        pod["status"] = {"phase": "Pending", "conditions": [unschedulable]}
         sim.api.update_pod(name)
-    sim.step()
+    sim.step(1)
+    # A claim being bound, a node being added: a wait that usually ends by itself is no Warning.
+    assert sim.status["reason"] == "PodsStarting"
+    assert [e for e in sim.api.recorded if e[0] == "Warning"] == []
+    sim.step(st.SCHEDULING_GRACE_SECONDS)
     assert sim.status["reason"] == "Unschedulable"
     assert message in sim.condition()["message"]
+    assert [reason for type_, reason, _ in sim.api.recorded if type_ == "Warning"] == ["Unschedulable"]
 
 
 def test_ttl_deletes_the_finished_job():
