@@ -403,7 +403,7 @@ class LocalJob:
         else:
             self.failures += 1
         targets = [self.replicas[t] for t in policy.restart_targets(self.job, role, index)]
-        # Completed workers are never re-run, unless the group restart needs them for collectives.
+        # Every target runs again, a finished one too (policy.restart_targets says why).
         self.say(
             f"{replica.label} ended with {shown}: {decision.reason}; restarting "
             f"{', '.join(r.label for r in targets)} (failures {self.failures}, disruptions {self.disruptions})"
