@@ -17,6 +17,7 @@ from kubetf.api import Job
 DEFAULT_TERMINATION_GRACE_SECONDS = 120
 CHECKPOINT_VOLUME = "kubetf-checkpoint"
 PORT_NAME = "tf"
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 AddressOf = Callable[[str, int], str]
 
@@ -177,6 +178,16 @@ def desired_pod(job: Job, role: str, index: int, attempt: int = 0) -> dict[str, 
     ]
     ports = [p for p in container.get("ports") or [] if p.get("containerPort") != spec["port"]]
     container["ports"] = [*ports, {"name": PORT_NAME, "containerPort": spec["port"], "protocol": "TCP"}]
+
+    # A lost node's pods are evicted after nodeLossTimeoutSeconds, not Kubernetes' 300 s: a training task on a
+    # node that stopped reporting is lost to its peers long before that.
+    tolerations = pod_spec.setdefault("tolerations", [])
+    for taint in NODE_LOSS_TAINTS:
+        if not any(t.get("key") == taint for t in tolerations):
+            seconds = api.run_policy(job)["nodeLossTimeoutSeconds"]
+            tolerations.append(
+                {"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+            )
 
     gpus = replica.get("gpus")
     if gpus:

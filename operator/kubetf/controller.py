@@ -31,6 +31,7 @@ NORMAL = 1  # a new or changed job, a pod that started, a timer
 RESYNC = 2  # the periodic safety re-read
 
 AUDIT_AFTER_START = 20.0  # seconds: the watches have listed by then
+NODE_STATE_SECONDS = 5.0  # how long a node's Ready state read from the API serves every job with pods there
 
 
 class Controller:
@@ -42,6 +43,7 @@ class Controller:
         self.deferred: dict[Key, int] = {}  # jobs that waited for expectations: reconcile once they are met
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
+        self.node_states: dict[str, tuple[float, bool]] = {}  # node -> (read at, lost)
         self.threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -188,7 +190,7 @@ class Controller:
         pods = self.store.job_pods(key)
         now = self.clock()
         original = job.get("status") or {}
-        plan = reconcile.plan(job, pods, now)
+        plan = reconcile.plan(job, pods, now, self._lost_nodes(pods, now))
         stored = original
         if plan.persist_first and plan.status != stored:
             job = self._write_status(job, stored, plan.status)
@@ -203,6 +205,9 @@ class Controller:
                 name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
                 self.store.remove_pod(key, name, uid)
                 self.expectations.observe(key, name, uid, gone=True)
+        if plan.force_delete:
+            for pod in self.kube.delete_pods(plan.force_delete, force=True):
+                self.store.remove_pod(key, pod["metadata"]["name"], pod["metadata"]["uid"])
         created: list[dict[str, Any]] = []
         failed: Exception | None = None
         more_to_create = False
@@ -242,6 +247,30 @@ class Controller:
         self._schedule(key, plan, final, now)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         return plan
+
+    def _lost_nodes(self, pods: list[dict[str, Any]], now: float) -> frozenset[str]:
+        """Which nodes of pods being deleted or not ready have stopped reporting (NotReady, Unknown, gone)."""
+        nodes = {
+            node
+            for pod in pods
+            if (node := (pod.get("spec") or {}).get("nodeName"))
+            and (st.is_deleting(pod) or ((pod.get("status") or {}).get("phase") == "Running" and not st.is_ready(pod)))
+        }
+        lost = set()
+        for node in nodes:
+            with self.lock:
+                read_at, was_lost = self.node_states.get(node, (-NODE_STATE_SECONDS, False))
+            if now - read_at >= NODE_STATE_SECONDS:
+                try:
+                    was_lost = self.kube.node_lost(node)
+                except Exception:  # no node access (RBAC), or the API is down: never force on a guess
+                    log.warning("could not read node %s; treating it as reachable", node, exc_info=True)
+                    was_lost = False
+                with self.lock:
+                    self.node_states[node] = (now, was_lost)
+            if was_lost:
+                lost.add(node)
+        return frozenset(lost)
 
     def _write_status(self, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         updated = self.kube.patch_job_status(job, st.merge_patch(stored, status))

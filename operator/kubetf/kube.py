@@ -262,15 +262,18 @@ class Kube:
         except Exception as error:  # reported by create_batched, raised by its caller
             return error
 
-    def delete_pods(self, pods: list[Obj]) -> list[Obj]:
+    def delete_pods(self, pods: list[Obj], force: bool = False) -> list[Obj]:
         """Delete these pods; returns those that were already gone."""
-        return [pod for pod, deleted in zip(pods, self.pool.map(self.delete_pod, pods), strict=True) if not deleted]
+        deleted = self.pool.map(lambda pod: self.delete_pod(pod, force), pods)
+        return [pod for pod, done in zip(pods, deleted, strict=True) if not done]
 
-    def delete_pod(self, pod: Obj) -> bool:
-        """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint.
-        False when it was already gone."""
+    def delete_pod(self, pod: Obj, force: bool = False) -> bool:
+        """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint, or
+        at once (`force`: its node is lost and will never confirm). False when it was already gone."""
         meta = pod["metadata"]
-        body = {"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else {}
+        body: Obj = {"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else {}
+        if force:
+            body["gracePeriodSeconds"] = 0
         try:
             self._call("delete", "pods", self.core.delete_namespaced_pod, meta["name"], meta["namespace"], body=body)
         except ApiException as error:
@@ -278,6 +281,14 @@ class Kube:
                 return False
             raise
         return True
+
+    def node_lost(self, name: str) -> bool:
+        """The node is gone, or its Ready condition is not True (NotReady, or Unknown: it stopped reporting)."""
+        node = self._get("nodes", self.core.read_node, name)
+        if node is None:
+            return True
+        ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+        return not ready or ready[0].get("status") != "True"
 
     def get_pod(self, namespace: str, name: str) -> Obj | None:
         return self._get("pods", self.core.read_namespaced_pod, name, namespace)

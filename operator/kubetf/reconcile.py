@@ -31,6 +31,7 @@ class Plan:
     status: dict[str, Any]
     persist_first: bool = False  # the status holds decisions that must be stored before pods are touched
     delete: list[Pod] = field(default_factory=list)
+    force_delete: list[Pod] = field(default_factory=list)  # on a lost node: no kubelet will confirm a deletion
     create: list[dict[str, Any]] = field(default_factory=list)
     ensure: list[dict[str, Any]] = field(default_factory=list)  # Service and PVC, made before the first pods
     events: list[Event] = field(default_factory=list)
@@ -42,7 +43,19 @@ class Plan:
             self.requeue_at = when
 
 
-def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
+# While a pod is being deleted on a node, its node is looked at again this often: a node that stopped reporting
+# sends no event of its own.
+NODE_CHECK_SECONDS = 10
+
+
+def plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str] = frozenset()) -> Plan:
+    """`lost_nodes`: the nodes of the job's pods that are NotReady, unreachable or gone (read by the caller)."""
+    result = _plan(stored, pods, now, lost_nodes)
+    _deal_with_lost_nodes(result, pods, now, lost_nodes)
+    return result
+
+
+def _plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str]) -> Plan:
     job = api.with_defaults(stored)
     status: dict[str, Any] = copy.deepcopy(stored.get("status") or {})
     status.setdefault("restarts", {"failures": 0, "disruptions": 0, "total": 0})
@@ -130,6 +143,8 @@ def plan(stored: Job, pods: list[Pod], now: float) -> Plan:
             _finish(job, pods, status, now, result)
             return result
         phase = st.RESTARTING
+    elif phase == st.RESTARTING:
+        _count_node_loss_as_disruption(job, views, status, lost_nodes, result, transition)
 
     # Stale pods go first; a task's replacement is created only once no old pod of it, nor of any task it
     # restarts together with (policy.barrier), is left.
@@ -233,6 +248,7 @@ def _restart(
     )
     restarts["total"] = restarts.get("failures", 0) + restarts.get("disruptions", 0)
     restarts["lastReason"] = f"{name} {decision.reason}"
+    restarts["lastKind"] = "Disruption" if disrupted else "Failure"
     restarts["lastTime"] = st.format_time(now)
     targets: list[tuple[str, int]] = []
     for view, _termination in ended:
@@ -256,6 +272,57 @@ def _restart(
     )
     result.persist_first = True
     return True
+
+
+def _count_node_loss_as_disruption(
+    job: Job,
+    views: dict[str, TaskView],
+    status: dict[str, Any],
+    lost_nodes: frozenset[str],
+    result: Plan,
+    transition: Any,
+) -> None:
+    """A restart counted as a failure becomes a disruption when one of its old pods turns out to be on a lost node.
+
+    A node that vanishes without a word is marked NotReady only after the node controller's grace period (40-50 s);
+    MultiWorkerMirrored peers crash on the lost collective before that, and their exit is all the operator saw. The
+    restart waits for every old pod anyway (policy.barrier), so the cause is settled then: a lost node caused it.
+    """
+    restarts = status["restarts"]
+    if restarts.get("lastKind") != "Failure":
+        return
+    lost = [p for v in views.values() for p in v.stale if (p.get("spec") or {}).get("nodeName") in lost_nodes]
+    if not lost:
+        return
+    pod_name = lost[0]["metadata"]["name"]
+    node = lost[0]["spec"]["nodeName"]
+    restarts["failures"] = max(0, restarts.get("failures", 0) - 1)
+    restarts["disruptions"] = restarts.get("disruptions", 0) + 1
+    restarts["lastKind"] = "Disruption"
+    restarts["lastReason"] = (
+        f"{pod_name} Disrupted: NodeLost: node {node} stopped reporting (the failures of its peers followed)"
+    )
+    status.pop("restartAfter", None)  # no failure backoff for a disruption
+    transition(st.RESTARTING, "NodeLost", f"{restarts['lastReason']}; counted as a disruption", "Warning")
+    result.persist_first = True
+
+
+def _deal_with_lost_nodes(result: Plan, pods: list[Pod], now: float, lost_nodes: frozenset[str]) -> None:
+    """Pods on a lost node are force-deleted (unless the job opts out): their kubelet will never confirm a graceful
+    deletion, and a replacement waits until the old pod is gone. Pods being deleted elsewhere get their node looked
+    at again in a while."""
+    if api.run_policy(result.job)["forceDeleteOnNodeLoss"]:
+        doomed = [p for p in pods if st.is_deleting(p)] + result.delete
+        result.force_delete = [p for p in doomed if (p.get("spec") or {}).get("nodeName") in lost_nodes]
+        forced = {id(p) for p in result.force_delete}
+        result.delete = [p for p in result.delete if id(p) not in forced]
+        for pod in result.force_delete:
+            node = pod["spec"]["nodeName"]
+            message = f"{pod['metadata']['name']}: node {node} stopped reporting and cannot confirm the deletion"
+            result.events.append(Event("Warning", "ForceDeleted", message))
+    nodes = {(p.get("spec") or {}).get("nodeName") for p in pods if st.is_deleting(p)}
+    if nodes - lost_nodes - {None}:
+        result.wake_at(now + NODE_CHECK_SECONDS)
 
 
 def _store_tasks(status: dict[str, Any], views: dict[str, TaskView]) -> None:

@@ -21,6 +21,7 @@ class FakeApi:
         self.jobs: dict[tuple[str, str], dict] = {}
         self.pods: dict[str, dict] = {}  # name -> pod (one namespace)
         self.others: dict[tuple[str, str], dict] = {}  # (kind, name) -> Service/PVC
+        self.lost_nodes: set[str] = set()  # nodes that stopped reporting
         self.events: list[tuple[str, str, dict]] = []  # (resource, type, object) not yet delivered
         self.recorded: list[tuple[str, str, str]] = []  # Kubernetes Events: (type, reason, message)
         self.calls: list[str] = []
@@ -141,17 +142,24 @@ class FakeApi:
             result.created.append(copy.deepcopy(pod))
         return result
 
-    def delete_pods(self, pods) -> list[dict]:
+    def delete_pods(self, pods, force: bool = False) -> list[dict]:
         gone = []
         for pod in pods:
-            self.calls.append("delete Pod")
+            self.calls.append("force delete Pod" if force else "delete Pod")
             current = self.pods.get(pod["metadata"]["name"])
             if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
                 gone.append(pod)
                 continue
+            if force:
+                self.remove_pod(current["metadata"]["name"])
+                continue
             current["metadata"]["deletionTimestamp"] = st.format_time(self.clock())
             self.update_pod(current["metadata"]["name"])
         return gone
+
+    def node_lost(self, name: str) -> bool:
+        self.calls.append("get Node")
+        return name in self.lost_nodes
 
     def event(self, job: dict, type_: str, reason: str, message: str) -> None:
         self.calls.append("create Event")

@@ -40,6 +40,7 @@ OPERATOR_PERMISSIONS = {
 # kopf's own, cluster-wide: it watches CRDs, and with explicit namespaces also Namespace objects.
 KOPF_CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
 KOPF_NAMESPACES = {("", "namespaces", verb) for verb in ("list", "watch")}
+NODES = {("", "nodes", "get")}  # one node at a time: has a lost node's pod to be force-deleted?
 LEASE = {("coordination.k8s.io", "leases", verb) for verb in ("create", "get", "update")}
 LEASE_ROLE = "kubetf-operator-leader-election"
 
@@ -227,7 +228,7 @@ def assert_least_privilege(roles: Iterable[Obj]) -> None:
 def test_clusterwide_rbac_is_exactly_what_the_operator_uses() -> None:
     objects = installed_by_kubectl()
     role = one(objects, "ClusterRole")
-    assert permissions(role) == OPERATOR_PERMISSIONS | KOPF_CRDS
+    assert permissions(role) == OPERATOR_PERMISSIONS | KOPF_CRDS | NODES
     # Namespaced: only the leader election's Lease, in the operator's own namespace, and only that one by name.
     (lease_role,) = by_kind(objects, "Role")
     assert (lease_role["metadata"]["name"], lease_role["metadata"]["namespace"]) == (LEASE_ROLE, NAMESPACE)
@@ -263,9 +264,9 @@ def test_namespaced_watching_gets_roles_and_flags(helm: str) -> None:
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"][0]["namespace"] == NAMESPACE
-    # Cluster-wide only what kopf needs for itself: nothing on TrainingJobs or pods.
+    # Cluster-wide only what kopf needs for itself and a node read: nothing on TrainingJobs or pods.
     cluster_role = one(objects, "ClusterRole")
-    assert permissions(cluster_role) == KOPF_CRDS | KOPF_NAMESPACES
+    assert permissions(cluster_role) == KOPF_CRDS | KOPF_NAMESPACES | NODES
     assert_least_privilege([*roles, cluster_role])
     args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     pairs = [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"]

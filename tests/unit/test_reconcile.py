@@ -183,6 +183,7 @@ def test_mwms_eviction_restarts_the_whole_group_as_a_disruption():
         "disruptions": 1,
         "total": 1,
         "lastReason": sim.status["restarts"]["lastReason"],
+        "lastKind": "Disruption",
         "lastTime": st.format_time(T0),
     }
 
@@ -369,13 +370,86 @@ def test_an_old_pod_stuck_terminating_is_reported_with_its_node():
     sim.api.remove_pod("mnist-chief-0")
     sim.api.remove_pod("mnist-worker-0")
     plan = sim.step()
-    assert plan.create == [] and plan.requeue_at == sim.now + st.STUCK_MARGIN_SECONDS
+    assert plan.create == []
     assert sim.condition()["reason"] == "Disrupted"  # a few seconds of terminating are normal: no warning
     plan = sim.step(st.STUCK_MARGIN_SECONDS + 1)  # the eviction's deletionTimestamp was now: grace 0
     assert plan.create == []
     assert sim.condition()["reason"] == "PodStuckTerminating"
     assert "mnist-worker-1 is still terminating on node spot-7" in sim.condition()["message"]
     assert sim.api.recorded[-1][:2] == ("Warning", "PodStuckTerminating")
+
+
+def place(sim, node, *names):
+    for name in names:
+        sim.pods[name]["spec"]["nodeName"] = node
+        sim.api.update_pod(name)
+
+
+def test_a_node_lost_after_the_peers_crashed_counts_one_disruption_and_no_failure():
+    sim = started(mwms_job())
+    place(sim, "spot-1", "mnist-worker-1")
+    place(sim, "spot-2", "mnist-chief-0", "mnist-worker-0")
+    # spot-1 vanished: the MWMS peers crash on the lost collective long before its node is marked NotReady.
+    sim.exit("mnist-chief-0", 1)
+    sim.exit("mnist-worker-0", 1)
+    sim.step()
+    assert sim.status["restarts"]["failures"] == 1  # all the operator can know yet
+    sim.api.remove_pod("mnist-chief-0")
+    sim.api.remove_pod("mnist-worker-0")
+    plan = sim.step()
+    assert plan.create == [] and plan.requeue_at == sim.now + 10  # worker-1's node is looked at again
+    sim.api.lost_nodes.add("spot-1")  # NotReady at last
+    plan = sim.step(10)
+    assert [p["metadata"]["name"] for p in plan.force_delete] == ["mnist-worker-1"]
+    assert sim.status["restarts"]["failures"] == 0 and sim.status["restarts"]["disruptions"] == 1
+    assert "NodeLost: node spot-1" in sim.status["restarts"]["lastReason"]
+    assert "restartAfter" not in sim.status  # a disruption: no failure backoff
+    plan = sim.step()
+    assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
+
+
+def test_a_ps_whose_node_is_lost_is_recreated_with_the_chief_only():
+    sim = started(ps_job())
+    place(sim, "spot-3", "mnist-ps-0")
+    sim.api.lost_nodes.add("spot-3")
+    # The taint manager evicts the ps after nodeLossTimeoutSeconds; its kubelet never confirms.
+    pod = sim.pods["mnist-ps-0"]
+    pod["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager", "message": "Taint manager"}
+    )
+    pod["metadata"]["deletionTimestamp"] = st.format_time(sim.now + 120)
+    sim.api.update_pod("mnist-ps-0")
+    plan = sim.step()
+    assert [p["metadata"]["name"] for p in plan.force_delete] == ["mnist-ps-0"]
+    assert [p["metadata"]["name"] for p in plan.delete] == ["mnist-chief-0"]
+    assert sim.status["restarts"]["disruptions"] == 1
+    sim.gone()
+    plan = sim.step()
+    assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-ps-0"]
+
+
+def test_without_force_deletion_a_pod_on_a_lost_node_is_waited_for_and_reported():
+    document = ps_job(forceDeleteOnNodeLoss=False)
+    sim = started(document)
+    place(sim, "spot-3", "mnist-ps-0")
+    sim.api.lost_nodes.add("spot-3")
+    sim.evict("mnist-ps-0")
+    plan = sim.step()
+    assert plan.force_delete == []
+    sim.api.remove_pod("mnist-chief-0")
+    sim.step(st.STUCK_MARGIN_SECONDS + 1)
+    assert sim.condition()["reason"] == "PodStuckTerminating"
+    assert "on node spot-3" in sim.condition()["message"]
+
+
+def test_pods_tolerate_a_lost_node_for_node_loss_timeout_seconds_only():
+    sim = Sim(mwms_job(nodeLossTimeoutSeconds=45))
+    plan = sim.step()
+    tolerations = plan.create[0]["spec"]["tolerations"]
+    assert {(t["key"], t["effect"], t["tolerationSeconds"]) for t in tolerations} == {
+        ("node.kubernetes.io/not-ready", "NoExecute", 45),
+        ("node.kubernetes.io/unreachable", "NoExecute", 45),
+    }
 
 
 def test_clean_pod_policy_none_and_all():

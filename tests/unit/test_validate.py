@@ -236,6 +236,8 @@ def test_defaults_come_from_the_crd():
         "startupTimeoutSeconds": 600,
         "cleanPodPolicy": "Running",
         "suspend": False,
+        "nodeLossTimeoutSeconds": 30,
+        "forceDeleteOnNodeLoss": True,
     }
 
 

@@ -94,3 +94,13 @@ What kopf needs cluster-wide for itself: it watches CustomResourceDefinitions to
   verbs: [list, watch]
 {{- end }}
 {{- end }}
+
+{{/*
+Nodes are cluster-scoped: read one at a time, only to tell whether a pod being deleted there can still be confirmed
+by its kubelet (a lost node: the pod is force-deleted, see runPolicy.forceDeleteOnNodeLoss). No list, no watch.
+*/}}
+{{- define "kubetf.nodeRules" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get]
+{{- end }}
