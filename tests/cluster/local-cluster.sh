@@ -217,7 +217,8 @@ start_docker() {
   mkdir -p "$RUN" "$CACHE/logs"
   local stale; stale="$(cat /var/run/docker.pid 2>/dev/null || true)"
   if [[ -n $stale ]] && ! kill -0 "$stale" 2>/dev/null; then rm -f /var/run/docker.pid; fi
-  setsid nohup dockerd >>"$CACHE/logs/dockerd.log" 2>&1 </dev/null 9>&- &
+  # Like start_daemon: dockerd (and its containerd) must not inherit a caller's `flock` fd and hold it forever.
+  (close_inherited_fds; exec setsid nohup dockerd >>"$CACHE/logs/dockerd.log" 2>&1 </dev/null) &
   echo $! >"$RUN/dockerd.pid"
   wait_for 60 dockerd docker_up
 }
