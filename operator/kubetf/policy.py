@@ -160,13 +160,16 @@ def barrier(job: Job, role: str, index: int) -> list[Task]:
     be restarted together with. A new MultiWorkerMirrored chief that met a worker of the old group (still
     terminating, still resolvable through the headless Service) would crash, and a new ps must never get
     variables from an old chief."""
-    task = (role, index)
-    tasks: list[Task] = []
-    for other in api.tasks(job):
-        group = restart_targets(job, *other)
-        if task in group:
-            tasks += [t for t in group if t not in tasks]
-    return tasks or [task]
+    strategy = api.strategy(job)
+    if role == "evaluator":
+        return [(role, index)]
+    if strategy == "MultiWorkerMirrored":
+        return [task for task in api.tasks(job) if task[0] in ("chief", "worker")]
+    if strategy == "ParameterServer" and role == "ps":
+        return [task for task in api.tasks(job) if task == ("chief", 0)] + [(role, index)]
+    if strategy == "ParameterServer" and role == "chief":
+        return [task for task in api.tasks(job) if task == ("chief", 0) or task[0] == "ps"]
+    return [(role, index)]
 
 
 def success_tasks(job: Job) -> list[Task]:

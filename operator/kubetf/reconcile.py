@@ -151,10 +151,11 @@ def _plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str]) 
     restart_after = st.parse_time(status.get("restartAfter"))
     for view in views.values():
         result.delete += [p for p in view.stale if not st.is_deleting(p)]
+    terminating = {(v.role, v.index) for v in views.values() if v.stale}
     for view in views.values():
         if view.state != WAITING or view.pod is not None:
             continue
-        if any(views[st.task_key(*task)].stale for task in policy.barrier(job, view.role, view.index)):
+        if terminating and any(task in terminating for task in policy.barrier(job, view.role, view.index)):
             continue
         if restart_after is not None and now < restart_after:
             result.wake_at(restart_after)

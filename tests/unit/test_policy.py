@@ -149,6 +149,14 @@ def test_a_replacement_waits_for_the_old_pods_of_its_restart_group(document, rol
     assert policy.barrier(document, role, index) == expected
 
 
+@pytest.mark.parametrize("document", [MWMS, PS, MIRRORED, TF1, ESTIMATOR])
+def test_the_barrier_covers_every_group_a_task_restarts_with(document):
+    for task in api.tasks(document):
+        groups = [policy.restart_targets(document, *other) for other in api.tasks(document)]
+        needed = {t for group in groups if task in group for t in group}
+        assert needed <= set(policy.barrier(document, *task)), task
+
+
 def decide(document, role, outcome_pod, failures=0, disruptions=0, restart_policy="OnFailure", **run_policy):
     document = api.with_defaults(document)
     document["spec"]["runPolicy"].update(run_policy)
