@@ -77,6 +77,9 @@ def installed(e2e_cluster, images) -> Iterator[Cluster]:
         if error.status != 409:
             raise
         e2e_cluster.core.patch_namespace(OPERATOR_NAMESPACE, {"metadata": {"labels": labels}})
+    # As `make install` does: helm never upgrades a CRD it finds (the integration tier may have put an older one
+    # there), so the CRD goes first, applied server-side over whoever wrote it before.
+    run(tool("kubectl"), "apply", "--server-side", "--force-conflicts", "-f", "manifests/crd/")
     helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
     yield e2e_cluster
     # test_uninstall normally did this already; a failed or partial session must not leave an operator behind.
