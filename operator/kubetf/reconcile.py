@@ -494,12 +494,13 @@ class Refusal:
 
 
 def dry_run_objects(plan_: Plan) -> list[dict[str, Any]]:
-    """What to dry-run on the server before the first create of a job none of whose children was ever created
-    (all tasks waiting at attempt 0): the Service, the PVC and one pod per role. Pods of one role differ only in
-    name, hostname, labels and env values, which the CRD already checked (names) or cannot be invalid (strings);
-    the last index, the longest name, stands for its role. Empty on restarts: a request per role for nothing."""
+    """What to dry-run on the server before a Pending job creates anything (none of its tasks created: a new job,
+    or one resumed, whose templates may have changed while it was suspended): the Service, the PVC and one pod per
+    role. Pods of one role differ only in name, hostname, labels and env values, which the CRD already checked
+    (names) or cannot be invalid (strings); the last index, the longest name, stands for its role. Empty for a
+    restart: a request per role for nothing."""
     tasks = (plan_.status.get("tasks") or {}).values()
-    if not plan_.create or any(t.get("state") != WAITING or t.get("attempt", 0) for t in tasks):
+    if not plan_.create or plan_.status.get("phase") != st.PENDING or any(t.get("state") != WAITING for t in tasks):
         return []
     last = {pod["metadata"]["labels"][api.LABEL_ROLE]: pod for pod in plan_.create}
     return [*plan_.ensure, *last.values()]

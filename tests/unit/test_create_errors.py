@@ -161,7 +161,27 @@ def test_only_a_new_job_pays_for_a_dry_run():
     assert shell.api.calls.count("dry-run Pod") == 2
 
 
-def test_a_template_made_invalid_while_the_job_ran_fails_it_at_the_replacement():
+def test_a_template_made_invalid_while_suspended_fails_the_resumed_job_before_any_pod_exists():
+    shell = Shell(mwms()).running()
+    shell.api.jobs[shell.key]["spec"]["runPolicy"]["suspend"] = True
+    shell.api.update_job(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    for name in list(shell.api.pods):
+        shell.api.remove_pod(name)
+    shell.api.deliver(shell.controller)
+    assert shell.status()["phase"] == "Suspended"
+    shell.api.jobs[shell.key]["spec"]["runPolicy"]["suspend"] = False
+    shell.api.update_job(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.api.invalid["chief"] = 'Pod "mnist-chief-0" is invalid: spec.containers[0].image: Required value'
+    shell.controller.reconcile(shell.key)
+    assert (shell.status()["phase"], shell.status()["reason"]) == ("Failed", "InvalidPodTemplate")
+    assert shell.api.pods == {}
+
+
+def test_a_replacement_the_api_server_finds_invalid_fails_the_job():
+    """E.g. a LimitRange added while the job ran, whose default request exceeds the template's limit."""
     shell = Shell(mwms()).running()
     shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
     shell.api.update_pod("mnist-worker-1")
@@ -170,10 +190,17 @@ def test_a_template_made_invalid_while_the_job_ran_fails_it_at_the_replacement()
     for name in list(shell.api.pods):
         shell.api.remove_pod(name)
     shell.api.deliver(shell.controller)
-    shell.api.invalid["worker"] = 'Pod "mnist-worker-0" is invalid: spec.containers[0].image: Required value'
+    shell.api.invalid["worker"] = (
+        'Pod "mnist-worker-0" is invalid: spec.containers[0].resources.requests: Invalid value: "2Gi": must be less '
+        "than or equal to memory limit of 1Gi"
+    )
     shell.now += 3600
     shell.controller.reconcile(shell.key)
     assert (shell.status()["phase"], shell.status()["reason"]) == ("Failed", "InvalidPodTemplate")
+    assert list(shell.api.pods) == ["mnist-chief-0"]  # created in the same batch ...
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    assert shell.api.pods["mnist-chief-0"]["metadata"].get("deletionTimestamp")  # ... stopped (cleanPodPolicy)
 
 
 # ------------------------------------------------------------------ quota and admission denials
