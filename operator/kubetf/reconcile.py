@@ -585,8 +585,9 @@ def _bad_quantities(pod_spec: dict[str, Any], prefix: str) -> list[str]:
     bad = []
     for key in ("initContainers", "containers"):
         for i, container in enumerate(pod_spec.get(key) or []):
-            for kind, values in ((container.get("resources") or {}) if isinstance(container, dict) else {}).items():
-                for resource, value in (values or {}).items() if isinstance(values, dict) else ():
+            resources = container.get("resources") or {}
+            for kind in ("limits", "requests"):
+                for resource, value in (resources.get(kind) or {}).items():
                     if not _QUANTITY.match(str(value)):
                         bad.append(f"{prefix}.{key}[{i}].resources.{kind}.{resource}={value!r}")
     return bad
