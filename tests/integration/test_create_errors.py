@@ -90,6 +90,22 @@ def test_exhausted_quota_keeps_job_pending_with_a_warning_and_retries(cluster, n
     assert status["restarts"]["total"] == 0
 
 
+def test_pod_security_denial_keeps_job_pending_until_the_namespace_allows_it(cluster, namespace):
+    enforce = "pod-security.kubernetes.io/enforce"
+    cluster.core.patch_namespace(namespace, {"metadata": {"labels": {enforce: "restricted"}}})
+    cluster.create_job(namespace, "psa", mwms_spec())
+    status = wait_reason(cluster, namespace, "psa", "CreateRejected")
+    message = current(status)["message"]
+    assert 'violates PodSecurity "restricted:latest"' in message
+    assert "make the template meet the namespace's Pod Security level" in message
+    # Refused at the dry run: nothing half-created.
+    assert cluster.pods(namespace, "psa") == {} and services(cluster, namespace) == []
+    cluster.wait_event(namespace, "psa", "CreateRejected")
+    cluster.core.patch_namespace(namespace, {"metadata": {"labels": {enforce: "baseline"}}})
+    cluster.wait_pods(namespace, "psa", lambda p: len(p) == 3, "the pods once the namespace allows them", 40)
+    assert services(cluster, namespace) == ["psa"]
+
+
 def test_startup_timeout_covers_rejected_creates(cluster, namespace):
     quota(cluster, namespace, 0)
     cluster.create_job(namespace, "never", mwms_spec(startupTimeoutSeconds=3))
