@@ -19,8 +19,8 @@ from kubetf import api, metrics, reconcile
 from kubetf import status as st
 from kubetf.cache import Key, Store
 from kubetf.config import OperatorConfig
-from kubetf.kube import Kube, NotLeader
-from kubetf.reconcile import Plan
+from kubetf.kube import Kube, NotLeader, Refused
+from kubetf.reconcile import Event, Plan, Refusal
 from kubetf.workqueue import Expectations, ShutDown, WorkQueue
 
 log = logging.getLogger("kubetf.operator")
@@ -32,6 +32,8 @@ RESYNC = 2  # the periodic safety re-read
 
 AUDIT_AFTER_START = 20.0  # seconds: the watches have listed by then
 NODE_STATE_SECONDS = 5.0  # how long a node's Ready state read from the API serves every job with pods there
+# A previous job's Service or PVC is usually garbage-collected within seconds: look again soon, not after 5 minutes.
+NAME_IN_USE_RECHECK = 10.0
 
 
 class Controller:
@@ -128,6 +130,10 @@ class Controller:
                 self.queue.forget(key)
             except NotLeader as error:
                 log.debug("%s/%s: %s", *key, error)  # the election logs the loss once
+            except Refused as error:  # the job's status and a Warning event say it: no traceback
+                cap = NAME_IN_USE_RECHECK if error.refusal.cause == reconcile.NAME_IN_USE else None
+                delay = self.queue.retry(key, priority, cap)
+                log.warning("%s/%s: could not create %s; retrying in %.0fs", *key, error, delay)
             except Exception:
                 metrics.RECONCILE_ERRORS.inc()
                 delay = self.queue.retry(key, priority)
@@ -191,8 +197,16 @@ class Controller:
         now = self.clock()
         original = job.get("status") or {}
         plan = reconcile.plan(job, pods, now, self._lost_nodes(pods, now))
+        refusal = None
+        trial = reconcile.dry_run_objects(plan)
+        if trial:  # a new job: nothing is created unless all of it would be
+            refusal = self.kube.dry_run(trial, job["metadata"]["uid"])
+            if refusal is not None:
+                plan.create, plan.ensure = [], []
         stored = original
+        posted = 0  # events go out before the status write that records their decision: a crash repeats, never loses
         if plan.persist_first and plan.status != stored:
+            posted = self._post(job, plan.events, posted)
             job = self._write_status(job, stored, plan.status)
             stored = plan.status
         if plan.delete:
@@ -212,28 +226,14 @@ class Controller:
         failed: Exception | None = None
         more_to_create = False
         if plan.create:
-            # The PVC first, so the scheduler never reports a missing claim for a pod just created; the Service
-            # goes with the pods' first batch.
-            claims = [o for o in plan.ensure if o["kind"] == "PersistentVolumeClaim"]
-            self.kube.create_all(claims)
-            batch = plan.create[: self.config.creates_per_reconcile]
-            more_to_create = len(plan.create) > len(batch)
-            self.expectations.expect(key, creations=[p["metadata"]["name"] for p in batch])
-            others = [o for o in plan.ensure if o["kind"] != "PersistentVolumeClaim"]
-            creation = self.kube.create_batched([*others, *batch], self.config.first_batch + len(others))
-            self.expectations.cancel_creations(key, creation.skipped)
-            created = [o for o in creation.created if o.get("kind") == "Pod"]
-            for pod in created:
-                self.store.put_pod(key, pod)  # its ADDED event then brings nothing new: no reconcile for it
+            created, refusal, failed, more_to_create = self._create(key, plan)
             if created:
                 names = ", ".join(p["metadata"]["name"] for p in created)
-                plan.events.append(reconcile.Event("Normal", "CreatedPods", f"Created {names}"))
-            failed = creation.error
-        final = reconcile.after_creation(plan, pods, created, now)
+                plan.events.append(Event("Normal", "CreatedPods", f"Created {names}"))
+        final = reconcile.after_creates(plan, pods, created, refusal, now)
+        self._post(job, plan.events, posted)
         if final != stored:
             self._write_status(job, stored, final)
-        for event in plan.events:
-            self.kube.event(job, event.type, event.reason, event.message)
         _count_restarts(original, final)
         self._record_phase(key, final.get("phase"))
         if failed is not None:
@@ -246,6 +246,8 @@ class Controller:
             self.queue.add(key, NORMAL)  # to the back of the line: other jobs' creations go in between
         self._schedule(key, plan, final, now)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        if refusal is not None and refusal.cause != reconcile.INVALID:
+            raise Refused(refusal)  # recorded and reported; retried with this job's backoff
         return plan
 
     def _lost_nodes(self, pods: list[dict[str, Any]], now: float) -> frozenset[str]:
@@ -271,6 +273,34 @@ class Controller:
             if was_lost:
                 lost.add(node)
         return frozenset(lost)
+
+    def _create(self, key: Key, plan: Plan) -> tuple[list[dict[str, Any]], Refusal | None, Exception | None, bool]:
+        """Create the plan's PVC, then its Service with the first batch of pods: the pods created, the refusal
+        that stopped it (if any), any other error, and whether pods are left for the next turn."""
+        # The PVC first, so the scheduler never reports a missing claim for a pod just created; the Service goes
+        # with the pods' first batch.
+        claims = [o for o in plan.ensure if o["kind"] == "PersistentVolumeClaim"]
+        try:
+            self.kube.create_all(claims)
+        except Refused as error:
+            return [], error.refusal, None, False
+        batch = plan.create[: self.config.creates_per_reconcile]
+        self.expectations.expect(key, creations=[p["metadata"]["name"] for p in batch])
+        others = [o for o in plan.ensure if o["kind"] != "PersistentVolumeClaim"]
+        creation = self.kube.create_batched([*others, *batch], self.config.first_batch + len(others))
+        self.expectations.cancel_creations(key, creation.skipped)
+        created = [o for o in creation.created if o.get("kind") == "Pod"]
+        for pod in created:
+            self.store.put_pod(key, pod)  # its ADDED event then brings nothing new: no reconcile for it
+        if isinstance(creation.error, Refused):
+            return created, creation.error.refusal, None, False
+        return created, None, creation.error, len(plan.create) > len(batch)
+
+    def _post(self, job: dict[str, Any], events: list[Event], start: int) -> int:
+        """Post `events[start:]`; returns how many are posted."""
+        for event in events[start:]:
+            self.kube.event(job, event.type, event.reason, event.message)
+        return len(events)
 
     def _write_status(self, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         updated = self.kube.patch_job_status(job, st.merge_patch(stored, status))

@@ -1,7 +1,8 @@
 """The one module that talks to the Kubernetes API (the official client, called from threads only).
 
 Objects go in and come out as plain dicts, the shape the builders and the status code use. Every write is
-idempotent: creating what exists is success (names are deterministic), deleting what is gone is success.
+idempotent: creating what exists is success (names are deterministic), deleting what is gone is success. A create
+the API server refuses is classified (`refusal`) so the job can say why instead of retrying blindly.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from kubetf import api, metrics
+from kubetf.reconcile import DENIED, INVALID, NAME_IN_USE, Refusal
 
 log = logging.getLogger("kubetf.kube")
 
@@ -33,6 +35,38 @@ PAGE_SIZE = 500
 
 class NotLeader(Exception):
     """A write refused because this operator does not hold the leader lease (any more)."""
+
+
+class Refused(Exception):
+    """The API server would not create one of a job's objects; `refusal` says why, classified."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"{refusal.kind} {refusal.name}: {refusal.message}")
+        self.refusal = refusal
+
+
+def refusal(obj: Obj, error: ApiException) -> Refusal | None:
+    """What the API server's refusal to create `obj` means; None when it is not about the object (a server error,
+    a throttled or timed-out request: retried like any failed reconcile)."""
+    message = _message(error)
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    admission = "admission webhook" in message or "denied request" in message  # a webhook or a policy said no
+    if error.status in (400, 422) and not admission:  # BadRequest: not even decodable (a quantity like 4GB)
+        return Refusal(INVALID, kind, name, message)
+    if error.status in (400, 403, 422):  # quota, LimitRange, PodSecurity, a webhook or a policy
+        return Refusal(DENIED, kind, name, message)
+    return None
+
+
+def _message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(error.reason or error.status)
+
+
+def _namespace_terminating(error: ApiException) -> bool:
+    return error.status == 403 and "NamespaceTerminating" in str(error.body)
 
 
 @dataclass
@@ -211,23 +245,72 @@ class Kube:
             return self.custom.list_namespaced_custom_object, (group, version, namespace, resource)
         return self.custom.list_cluster_custom_object, (group, version, resource)
 
-    def create(self, obj: Obj) -> Obj | None:
-        """Create a Pod, Service or PVC. Returns the object, or None when one of that name already exists."""
-        kind, namespace = obj["kind"], obj["metadata"]["namespace"]
-        create = {
+    def _creator(self, kind: str) -> Any:
+        return {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
         }[kind]
+
+    def create(self, obj: Obj) -> Obj | None:
+        """Create a Pod, Service or PVC. Returns the object, or None when one of that name already exists.
+        Raises `Refused` when the API server refuses the object itself (invalid, denied by quota or admission)."""
+        kind, namespace = obj["kind"], obj["metadata"]["namespace"]
         try:
-            created: Obj = self._call("create", kind.lower(), create, namespace, obj)
+            created: Obj = self._call("create", kind.lower(), self._creator(kind), namespace, obj)
         except ApiException as error:
-            if error.status == 409:
-                return None
-            if error.status == 403 and "NamespaceTerminating" in str(error.body):
-                return None  # the namespace and the job in it are going away
-            raise
+            if error.status == 409 or _namespace_terminating(error):
+                return None  # the namespace going away takes the job with it
+            found = refusal(obj, error)
+            if found is None:
+                raise
+            raise Refused(found) from error
         return created
+
+    def dry_run(self, objects: list[Obj], owner_uid: str) -> Refusal | None:
+        """Server-side dry run of creating `objects` (validation and admission, nothing stored), in parallel:
+        the worst refusal (invalid, then name in use, then denied), None when all may be created."""
+        found = [r for r in self.pool.map(lambda o: self._dry_run(o, owner_uid), objects) if r is not None]
+        order = (INVALID, NAME_IN_USE, DENIED)
+        return min(found, key=lambda r: order.index(r.cause)) if found else None
+
+    def _dry_run(self, obj: Obj, owner_uid: str) -> Refusal | None:
+        kind, meta = obj["kind"], obj["metadata"]
+        try:
+            self._call("create", kind.lower(), self._creator(kind), meta["namespace"], obj, dry_run="All")
+        except ApiException as error:
+            if _namespace_terminating(error):
+                return None
+            if error.status == 409:  # valid and admitted (both come before the name check): whose is it?
+                return None if kind == "Pod" else self._name_in_use(obj, owner_uid)
+            found = refusal(obj, error)
+            if found is None:
+                raise
+            if "does not support dry run" in found.message:
+                return None  # a webhook with side effects: the real create will tell
+            return found
+        return None
+
+    def _name_in_use(self, obj: Obj, owner_uid: str) -> Refusal | None:
+        """The Service or PVC of that name, unless it is this job's to use: one owned by this job, or a retained
+        checkpoint PVC (no owner on purpose: a job re-created under its name resumes from it), not being deleted.
+        Anything else (a previous job's, being garbage-collected) the job waits for to go."""
+        kind, name, namespace = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
+        core = self.core
+        read = core.read_namespaced_service if kind == "Service" else core.read_namespaced_persistent_volume_claim
+        existing = self._get(kind.lower(), read, name, namespace)
+        if existing is None:
+            return None  # gone meanwhile: the create makes it
+        meta = existing["metadata"]
+        owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+        ours = any(o.get("uid") == owner_uid for o in owners)
+        if meta.get("deletionTimestamp"):
+            whose = "" if ours or not owners else " of a previous job"
+            return Refusal(NAME_IN_USE, kind, name, f"{kind} {name}{whose} is still being deleted")
+        if ours or (not owners and kind == "PersistentVolumeClaim"):
+            return None
+        whose = f"{owners[0].get('kind')} {owners[0].get('name')} uid {owners[0].get('uid')}" if owners else "no owner"
+        return Refusal(NAME_IN_USE, kind, name, f"{kind} {name} exists and is not this job's ({whose})")
 
     def create_all(self, objects: Iterable[Obj]) -> list[Obj]:
         """Create in parallel; returns those this call created (a name already taken is for the next reconcile)."""
@@ -351,5 +434,8 @@ class Kube:
         }
         try:
             self._call("create", "events", self.core.create_namespaced_event, meta["namespace"], body)
-        except ApiException as error:  # an event is never worth failing a reconcile for
+        except ApiException as error:
+            if error.status in (409, 429) or (error.status or 0) >= 500:
+                raise  # transient: the reconcile fails before the status records the decision, and posts it again
+            # Refused for good (forbidden, invalid, namespace going away): never worth failing a reconcile for.
             log.warning("could not record event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], error)

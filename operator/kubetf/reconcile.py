@@ -8,6 +8,8 @@ neither loses nor double-counts a restart), delete, create, then `after_creation
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +170,8 @@ def _plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str]) 
         result.ensure = [o for o in (builders.desired_pvc(job), builders.desired_service(job)) if o is not None]
 
     _startup_timeout(job, views, status, now, result, transition)
+    if status.get("phase") != st.FAILED:
+        _create_timeout(job, status, now, result, transition)
     if status.get("phase") == st.FAILED:
         _finish(job, pods, status, now, result)
         return result
@@ -361,6 +365,8 @@ def _derive_phase(
         return
     reason, message = st.waiting_message(views, api.name(job), now)
     event_type = "Normal" if reason in EXPECTED_WAITS else "Warning"
+    if status.get(REFUSED_SINCE):
+        return  # a refused create's condition stays until the creates go through (`after_creates`)
     if previous == st.RESTARTING:
         current = st.current_condition(status) or {}
         # Keep the restart's own reason visible while its old pods terminate and its new ones start, until a
@@ -467,3 +473,145 @@ def _finished(job: Job, pods: list[Pod], status: dict[str, Any], now: float, res
             result.delete_job = True
         else:
             result.wake_at(finished_at + ttl)
+
+
+# ---------------------------------------------------------------------- creates the API server refuses
+
+INVALID, DENIED, NAME_IN_USE = "Invalid", "Denied", "NameInUse"
+REFUSED_SINCE = "createRejectedSince"  # status field: since when the job's creates have been refused
+# Kubernetes' quantity grammar (resource.Quantity): what the API server cannot even decode as a Pod.
+_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The API server would not create one of the job's objects, classified by kube.py from its answer."""
+
+    cause: str  # INVALID: wrong as written, never created | DENIED: quota, admission, webhook | NAME_IN_USE
+    kind: str  # Pod | Service | PersistentVolumeClaim
+    name: str
+    message: str  # the API server's own words (for NAME_IN_USE: whose the object is)
+
+
+def dry_run_objects(plan_: Plan) -> list[dict[str, Any]]:
+    """What to dry-run on the server before a Pending job creates anything (none of its tasks created: a new job,
+    or one resumed, whose templates may have changed while it was suspended): the Service, the PVC and one pod per
+    role. Pods of one role differ only in name, hostname, labels and env values, which the CRD already checked
+    (names) or cannot be invalid (strings); the last index, the longest name, stands for its role. Empty for a
+    restart: a request per role for nothing."""
+    tasks = (plan_.status.get("tasks") or {}).values()
+    if not plan_.create or plan_.status.get("phase") != st.PENDING or any(t.get("state") != WAITING for t in tasks):
+        return []
+    last = {pod["metadata"]["labels"][api.LABEL_ROLE]: pod for pod in plan_.create}
+    return [*plan_.ensure, *last.values()]
+
+
+def after_creates(
+    plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], refusal: Refusal | None, now: float
+) -> dict[str, Any]:
+    """`after_creation`, then what a refused create means: INVALID fails the job; DENIED and NAME_IN_USE keep it
+    Pending (or Restarting) with the reason in its condition, a Warning event, and startupTimeoutSeconds counting
+    from the first refusal. None: nothing was refused, the wait (if any) is over."""
+    if refusal is None:
+        status = {k: v for k, v in plan_.status.items() if k != REFUSED_SINCE}
+        return after_creation(dataclasses.replace(plan_, status=status), pods, created, now)
+    status = after_creation(plan_, pods, created, now)
+    job = plan_.job
+    generation = job["metadata"].get("generation")
+    before = st.current_condition(plan_.status) or {}
+    if refusal.cause == INVALID:
+        reason = "InvalidPodTemplate" if refusal.kind == "Pod" else "InvalidSpec"
+        message = _invalid_message(job, refusal)
+        _set(status, st.FAILED, reason, message, now, generation)
+        status.setdefault("completionTime", st.format_time(now))
+        status.pop("restartAfter", None)
+        status.pop(REFUSED_SINCE, None)
+        plan_.events.append(Event("Warning", reason, message))
+        return status
+    phase = st.RESTARTING if status.get("phase") == st.RESTARTING else st.PENDING
+    message = _waiting_message(job, refusal)
+    _set(status, phase, refusal.cause if refusal.cause == NAME_IN_USE else "CreateRejected", message, now, generation)
+    since = status.setdefault(REFUSED_SINCE, st.format_time(now))
+    timeout = api.run_policy(job).get("startupTimeoutSeconds")
+    if timeout:
+        plan_.wake_at((st.parse_time(since) or now) + timeout)
+    after = st.current_condition(status) or {}
+    if [before.get(k) for k in ("type", "reason", "message")] != [after.get(k) for k in ("type", "reason", "message")]:
+        plan_.events.append(Event("Warning", after["reason"], message))
+    return status
+
+
+def _create_timeout(job: Job, status: dict[str, Any], now: float, result: Plan, transition: Any) -> None:
+    """startupTimeoutSeconds also covers pods that could not even be created (refused since REFUSED_SINCE)."""
+    timeout = api.run_policy(job).get("startupTimeoutSeconds")
+    since = st.parse_time(status.get(REFUSED_SINCE))
+    if not timeout or since is None or not result.create:
+        return
+    if now < since + timeout:
+        result.wake_at(since + timeout)
+        return
+    why = (st.current_condition(status) or {}).get("message", "")
+    transition(
+        st.FAILED, "StartupTimeout", f"pods could not be created for startupTimeoutSeconds={timeout}: {why}", "Warning"
+    )
+    result.persist_first = True
+
+
+def _role_of(job: Job, pod_name_: str) -> str:
+    return pod_name_[len(api.name(job)) + 1 :].rpartition("-")[0]
+
+
+def _invalid_message(job: Job, refusal: Refusal) -> str:
+    if refusal.kind != "Pod":
+        where = "spec.checkpoint" if refusal.kind == "PersistentVolumeClaim" else "the job's spec"
+        return (
+            f"the API server refused {refusal.kind} {refusal.name}: {refusal.message}. "
+            f"Fix {where}, then delete and re-apply the job"
+        )
+    role = _role_of(job, refusal.name)
+    template = f"spec.replicaSpecs.{role}.template"
+    fields = ""
+    if "quantities" in refusal.message:  # a decoding error: the API server names no field, so find them
+        pod_spec = (job["spec"]["replicaSpecs"].get(role) or {}).get("template", {}).get("spec") or {}
+        bad = _bad_quantities(pod_spec, f"{template}.spec")
+        fields = f" (invalid quantities: {', '.join(bad)})" if bad else ""
+    return (
+        f"replica {role}: the API server refused pod {refusal.name}: {refusal.message}{fields}. "
+        f"Fix {template}, then delete and re-apply the job"
+    )
+
+
+def _bad_quantities(pod_spec: dict[str, Any], prefix: str) -> list[str]:
+    bad = []
+    for key in ("initContainers", "containers"):
+        for i, container in enumerate(pod_spec.get(key) or []):
+            resources = container.get("resources") or {}
+            for kind in ("limits", "requests"):
+                for resource, value in (resources.get(kind) or {}).items():
+                    if not _QUANTITY.match(str(value)):
+                        bad.append(f"{prefix}.{key}[{i}].resources.{kind}.{resource}={value!r}")
+    return bad
+
+
+_ADVICE = (
+    ("exceeded quota", "free quota or raise the namespace's ResourceQuota"),
+    ("PodSecurity", "make the template meet the namespace's Pod Security level"),
+    ("admission webhook", "the webhook named above refused it: change the template or ask the cluster's admins"),
+    ("denied request", "the admission policy named above refused it: change the template or ask the cluster's admins"),
+)
+
+
+def _waiting_message(job: Job, refusal: Refusal) -> str:
+    timeout = api.run_policy(job).get("startupTimeoutSeconds")
+    limit = f"; the job fails if its pods cannot be created within startupTimeoutSeconds={timeout}" if timeout else ""
+    if refusal.cause == NAME_IN_USE:
+        return f"waiting to create {refusal.kind} {refusal.name}: {refusal.message}; created once it is gone{limit}"
+    if refusal.kind == "Pod":
+        what = f"pod {refusal.name} (replica {_role_of(job, refusal.name)})"
+    else:
+        what = f"{refusal.kind} {refusal.name}"
+    advice = next(
+        (a for marker, a in _ADVICE if marker in refusal.message),
+        "check the namespace's quotas, LimitRanges and admission policies",
+    )
+    return f"{what} could not be created: {refusal.message}. To fix: {advice}. Retrying with backoff{limit}"

@@ -96,12 +96,13 @@ class WorkQueue(Generic[Key]):
             if priority is not None:
                 self._add(key, priority)
 
-    def retry(self, key: Key, priority: int) -> float:
-        """After a failed run: add `key` again after its next backoff delay (doubling per failure)."""
+    def retry(self, key: Key, priority: int, cap: float | None = None) -> float:
+        """After a failed run: add `key` again after its next backoff delay (doubling per failure, at most `cap`
+        when given, else the queue's cap)."""
         with self.cond:
             failures = self.failures.get(key, 0)
             self.failures[key] = failures + 1
-        delay = min(self.backoff_cap, self.backoff_first * 2**failures)
+        delay = min(cap or self.backoff_cap, self.backoff_first * 2**failures)
         self.at(self.clock() + delay, key, priority)
         return delay
 

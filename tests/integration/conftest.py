@@ -182,7 +182,8 @@ class Cluster:
         self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])
 
     def wait_event(self, namespace: str, name: str, reason: str, type_: str = "Warning") -> dict:
-        """The job's event of that reason and type (events are written after the status, so wait)."""
+        """The job's event of that reason and type (posted before the status write that records the decision; a
+        wait, for events of writes no status shows)."""
 
         def find():
             return next((e for e in self.events(namespace, name) if e["reason"] == reason and e["type"] == type_), None)

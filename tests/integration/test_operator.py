@@ -58,7 +58,7 @@ def test_job_creates_exactly_its_owned_children_and_runs(cluster, namespace):
     assert service.metadata.owner_references[0].uid == job["metadata"]["uid"]
     pvc = cluster.core.read_namespaced_persistent_volume_claim("ps-checkpoint", namespace)
     assert pvc.metadata.owner_references is None  # retainOnDelete defaults to true
-    assert cluster.status(namespace, "ps")["phase"] == "Pending"
+    cluster.wait_phase(namespace, "ps", "Pending")  # written after the creates and their event
     cluster.run_all(namespace, "ps", 5)
     status = cluster.wait_phase(namespace, "ps", "Running")
     assert status["ready"] == "5/5"

@@ -10,9 +10,9 @@ import copy
 import itertools
 from typing import Any
 
-from kubetf import api
+from kubetf import api, reconcile
 from kubetf import status as st
-from kubetf.kube import Creation
+from kubetf.kube import Creation, Refused
 
 
 class FakeApi:
@@ -26,6 +26,7 @@ class FakeApi:
         self.recorded: list[tuple[str, str, str]] = []  # Kubernetes Events: (type, reason, message)
         self.calls: list[str] = []
         self.refuse: dict[str, Exception] = {}  # pod name -> error its create raises
+        self.invalid: dict[str, str] = {}  # role -> the API server's message refusing its pods (dry runs too)
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
 
@@ -108,6 +109,25 @@ class FakeApi:
         self.calls.append(f"list {resource}")
         yield [copy.deepcopy(p) for p in self.pods.values()], next(self.version)
 
+    def dry_run(self, objects, owner_uid: str):
+        refusals = []
+        for obj in objects:
+            self.calls.append(f"dry-run {obj['kind']}")
+            name = obj["metadata"]["name"]
+            role = obj["metadata"]["labels"].get(api.LABEL_ROLE)
+            if obj["kind"] == "Pod" and role in self.invalid:
+                refusals.append(reconcile.Refusal(reconcile.INVALID, "Pod", name, self.invalid[role]))
+            existing = self.others.get((obj["kind"], name))
+            meta = (existing or {}).get("metadata") or {}
+            owners = {o["uid"] for o in meta.get("ownerReferences") or []}
+            live = {j["metadata"]["uid"] for j in self.jobs.values()}
+            if existing is not None and owners and not owners & live and not meta.get("deletionTimestamp"):
+                del self.others[(obj["kind"], name)]  # the garbage collector, at once, unless a finalizer holds it
+            elif existing is not None and (meta.get("deletionTimestamp") or (owners and owner_uid not in owners)):
+                message = f"{obj['kind']} {name} of a previous job is still being deleted"
+                refusals.append(reconcile.Refusal(reconcile.NAME_IN_USE, obj["kind"], name, message))
+        return refusals[0] if refusals else None
+
     def create_all(self, objects) -> list[dict]:
         created = []
         for obj in objects:
@@ -126,8 +146,12 @@ class FakeApi:
                 result.created += self.create_all([obj])
                 continue
             self.calls.append("create Pod")
-            if name in self.refuse:
-                result.error = self.refuse[name]
+            role = obj["metadata"]["labels"][api.LABEL_ROLE]
+            error = self.refuse.get(name)
+            if error is None and role in self.invalid:
+                error = Refused(reconcile.Refusal(reconcile.INVALID, "Pod", name, self.invalid[role]))
+            if error is not None:
+                result.error = error
                 result.skipped += [o["metadata"]["name"] for o in objects[i:]]
                 break
             if name in self.pods:

@@ -1,0 +1,172 @@
+"""Creates the real API server refuses, a previous job's children still in the way, and events that must not be
+lost (issue 9, items 1, 3 (Service/PVC side) and 11)."""
+
+from kubernetes.client.exceptions import ApiException
+
+from kubetf import api
+from tests.cluster.fixture import wait_for
+
+from .conftest import replica
+
+
+def mwms_spec(workers=2, **run_policy):
+    return {
+        "strategy": "MultiWorkerMirrored",
+        "replicaSpecs": {"chief": replica(1), "worker": replica(workers)},
+        "runPolicy": {"backoffSeconds": 1, **run_policy},
+    }
+
+
+def current(status):
+    return next(c for c in status["conditions"] if c["status"] == "True")
+
+
+def wait_reason(cluster, namespace, name, reason, timeout=20):
+    return wait_for(
+        lambda: (s := cluster.status(namespace, name)).get("reason") == reason and s,
+        timeout,
+        f"{name} to have reason {reason} (status: {cluster.status(namespace, name)})",
+    )
+
+
+def services(cluster, namespace):
+    return [s.metadata.name for s in cluster.core.list_namespaced_service(namespace).items]
+
+
+def quota(cluster, namespace, pods):
+    """A ResourceQuota of `pods` pods, once the quota controller has filled its status (admission refuses every pod
+    of a namespace whose quota has no status yet)."""
+    body = {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": str(pods)}}}
+    try:
+        cluster.core.create_namespaced_resource_quota(namespace, body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        cluster.core.patch_namespaced_resource_quota("pods", namespace, body)
+    wait_for(
+        lambda: (
+            (cluster.core.read_namespaced_resource_quota("pods", namespace).status.hard or {}).get("pods") == str(pods)
+        ),
+        20,
+        f"the quota of {pods} pods in force",
+    )
+
+
+def test_invalid_pod_template_fails_before_any_child_exists(cluster, namespace):
+    spec = mwms_spec(cleanPodPolicy="None")  # a pod created and then failed would stay: none may exist
+    spec["checkpoint"] = {"size": "1Gi"}
+    spec["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": "4GB"}}
+    cluster.create_job(namespace, "bad-mem", spec)
+    status = cluster.wait_phase(namespace, "bad-mem", "Failed")
+    assert status["reason"] == "InvalidPodTemplate"
+    message = current(status)["message"]
+    assert message.startswith("replica worker: the API server refused pod bad-mem-worker-1: ")
+    assert "quantities must match the regular expression" in message  # the API server's own words
+    assert "spec.replicaSpecs.worker.template.spec.containers[0].resources.limits.memory='4GB'" in message
+    assert cluster.pods(namespace, "bad-mem") == {}
+    assert services(cluster, namespace) == []
+    assert cluster.core.list_namespaced_persistent_volume_claim(namespace).items == []
+    event = cluster.wait_event(namespace, "bad-mem", "InvalidPodTemplate")
+    assert "limits.memory='4GB'" in event["message"]
+
+
+def test_exhausted_quota_keeps_job_pending_with_a_warning_and_retries(cluster, namespace):
+    quota(cluster, namespace, 2)
+    cluster.create_job(namespace, "quota", mwms_spec(workers=3))
+    status = wait_reason(cluster, namespace, "quota", "CreateRejected")
+    assert status["phase"] == "Pending"
+    message = current(status)["message"]
+    assert "exceeded quota: pods" in message and "raise the namespace's ResourceQuota" in message
+    assert len(cluster.pods(namespace, "quota")) == 2
+    event = cluster.wait_event(namespace, "quota", "CreateRejected")
+    assert "exceeded quota" in event["message"]
+    quota(cluster, namespace, 4)
+    pods = cluster.wait_pods(namespace, "quota", lambda p: len(p) == 4, "all 4 pods once the quota allows", 40)
+    assert sorted(pods) == ["quota-chief-0", "quota-worker-0", "quota-worker-1", "quota-worker-2"]
+    status = wait_reason(cluster, namespace, "quota", "PodsStarting")
+    assert "createRejectedSince" not in status
+    cluster.run_all(namespace, "quota", 4)
+    status = cluster.wait_phase(namespace, "quota", "Running")
+    assert status["restarts"]["total"] == 0
+
+
+def test_pod_security_denial_keeps_job_pending_until_the_namespace_allows_it(cluster, namespace):
+    enforce = "pod-security.kubernetes.io/enforce"
+    cluster.core.patch_namespace(namespace, {"metadata": {"labels": {enforce: "restricted"}}})
+    cluster.create_job(namespace, "psa", mwms_spec())
+    status = wait_reason(cluster, namespace, "psa", "CreateRejected")
+    message = current(status)["message"]
+    assert 'violates PodSecurity "restricted:latest"' in message
+    assert "make the template meet the namespace's Pod Security level" in message
+    # Refused at the dry run: nothing half-created.
+    assert cluster.pods(namespace, "psa") == {} and services(cluster, namespace) == []
+    cluster.wait_event(namespace, "psa", "CreateRejected")
+    cluster.core.patch_namespace(namespace, {"metadata": {"labels": {enforce: "baseline"}}})
+    cluster.wait_pods(namespace, "psa", lambda p: len(p) == 3, "the pods once the namespace allows them", 40)
+    assert services(cluster, namespace) == ["psa"]
+
+
+def test_startup_timeout_covers_rejected_creates(cluster, namespace):
+    quota(cluster, namespace, 0)
+    cluster.create_job(namespace, "never", mwms_spec(startupTimeoutSeconds=3))
+    status = wait_reason(cluster, namespace, "never", "CreateRejected")
+    assert status["createRejectedSince"]
+    status = cluster.wait_phase(namespace, "never", "Failed", timeout=15)
+    assert status["reason"] == "StartupTimeout"
+    message = current(status)["message"]
+    assert message.startswith("pods could not be created for startupTimeoutSeconds=3: ")
+    assert "exceeded quota" in message
+    # Nothing could be created, not even what a pod would need: the dry run was refused first.
+    assert cluster.pods(namespace, "never") == {} and services(cluster, namespace) == []
+    cluster.wait_event(namespace, "never", "StartupTimeout")
+
+
+def test_recreated_job_waits_for_the_previous_jobs_service(cluster, namespace):
+    old = cluster.create_job(namespace, "again", mwms_spec())
+    cluster.wait_pods(namespace, "again", lambda p: len(p) == 3, "the first job's pods")
+    # The previous job's Service is held while the garbage collector deletes it (a finalizer stands in for a slow
+    # collector); its pods, never scheduled, go at once.
+    cluster.core.patch_namespaced_service("again", namespace, {"metadata": {"finalizers": ["kubetf.io/test-hold"]}})
+    cluster.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "again")
+    wait_for(lambda: cluster.job(namespace, "again") is None, 10, "the first job gone")
+    wait_for(
+        lambda: cluster.core.read_namespaced_service("again", namespace).metadata.deletion_timestamp,
+        30,
+        "the previous job's Service being deleted by the garbage collector",
+    )
+    wait_for(lambda: cluster.pods(namespace, "again") == {}, 30, "the previous job's pods gone")
+    new = cluster.create_job(namespace, "again", mwms_spec())
+    status = wait_reason(cluster, namespace, "again", "NameInUse")
+    assert status["phase"] == "Pending"
+    assert current(status)["message"].startswith(
+        "waiting to create Service again: Service again of a previous job is still being deleted"
+    )
+    assert cluster.pods(namespace, "again") == {}  # no pod before the job's own Service exists
+    cluster.wait_event(namespace, "again", "NameInUse")
+    cluster.core.patch_namespaced_service("again", namespace, {"metadata": {"finalizers": None}})
+    cluster.wait_pods(namespace, "again", lambda p: len(p) == 3, "the new job's pods", 30)
+    service = cluster.core.read_namespaced_service("again", namespace)
+    assert [o.uid for o in service.metadata.owner_references] == [new["metadata"]["uid"]]
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    status = wait_reason(cluster, namespace, "again", "PodsStarting")
+    assert status["restarts"]["total"] == 0
+
+
+def test_events_are_posted_before_the_status_records_the_decision(cluster, namespace):
+    """Whoever sees a decision in the status finds its Event already there: the operator posts first, so a crash
+    between the two writes can repeat an event but never lose one. (Posted after, this fails only when the read
+    falls between the two writes: a check of the order, not a proof of it; the unit test checks the calls.)"""
+    cluster.create_job(namespace, "order", mwms_spec())
+    cluster.run_all(namespace, "order", 3)
+    cluster.wait_phase(namespace, "order", "Running")
+    cluster.exit(cluster.pods(namespace, "order")["order-worker-1"], 1)
+
+    def restarting():
+        status = cluster.status(namespace, "order")
+        if status.get("phase") != "Restarting":
+            return None
+        return status, cluster.events(namespace, "order")  # read right after the status shows the decision
+
+    status, events = wait_for(restarting, 15, "the restart in the status", interval=0.005)
+    assert status["reason"] == "Failed"
+    assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Failed"]

@@ -1,0 +1,375 @@
+"""Creates the API server refuses (invalid, denied, a name still in use) and events that must not be lost."""
+
+import json
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from kubetf import reconcile
+from kubetf.kube import Kube, Refused, refusal
+from kubetf.reconcile import DENIED, INVALID, NAME_IN_USE, Refusal
+from tests.cluster.fixture import wait_for
+
+from .jobs import job, replica
+from .test_controller import T0, Shell
+
+pytestmark = pytest.mark.unit
+
+QUOTA = 'pods "mnist-worker-1" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2'
+
+
+def mwms(workers=2, **run_policy):
+    document = job(chief=replica(1), worker=replica(workers))
+    document["spec"]["runPolicy"] = {"backoffSeconds": 10, **run_policy}
+    return document
+
+
+def denied(name, message=QUOTA):
+    return Refused(Refusal(DENIED, "Pod", name, message))
+
+
+def condition(shell):
+    return next(c for c in shell.status()["conditions"] if c["status"] == "True")
+
+
+def api_error(status, message):
+    error = ApiException(status=status, reason="refused")
+    error.body = json.dumps({"kind": "Status", "message": message, "code": status})
+    return error
+
+
+# ------------------------------------------------------------------ the API server's answers, classified
+
+
+@pytest.mark.parametrize(
+    "status, message, cause",
+    [
+        (422, 'Pod "x" is invalid: spec.containers[0].image: Required value', INVALID),
+        (400, 'Pod in version "v1" cannot be handled as a Pod: quantities must match the regular expression', INVALID),
+        (403, QUOTA, DENIED),
+        (403, 'pods "x" is forbidden: violates PodSecurity "restricted:latest": privileged', DENIED),
+        (403, 'pods "x" is forbidden: maximum memory usage per Container is 1Gi, but limit is 2Gi', DENIED),
+        (400, 'admission webhook "deny.example.com" denied the request: no GPUs on Sundays', DENIED),
+        (422, "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: images from our registry", DENIED),
+        (500, "etcdserver: request timed out", None),
+        (429, "too many requests", None),
+    ],
+)
+def test_a_refused_create_is_classified_from_the_api_servers_answer(status, message, cause):
+    found = refusal({"kind": "Pod", "metadata": {"name": "x"}}, api_error(status, message))
+    assert (found.cause if found else None) == cause
+    if found:
+        assert found.message == message  # the API server's own words
+
+
+def existing(kind, deleting=False, owner=None):
+    meta = {"name": "mnist", "namespace": "team-a"}
+    if deleting:
+        meta["deletionTimestamp"] = "2027-01-01T00:00:00Z"
+    if owner:
+        meta["ownerReferences"] = [{"kind": "TrainingJob", "name": "mnist", "uid": owner, "controller": True}]
+    return {"kind": kind, "metadata": meta}
+
+
+@pytest.mark.parametrize(
+    "kind, found, in_use",
+    [
+        ("Service", existing("Service", owner="this-uid"), False),  # this job's own (an operator restarted)
+        ("Service", existing("Service", owner="old-uid"), True),  # a previous job's, not collected yet
+        ("Service", existing("Service", owner="this-uid", deleting=True), True),
+        ("Service", existing("Service"), True),  # someone else's Service of that name
+        ("PersistentVolumeClaim", existing("PersistentVolumeClaim"), False),  # a retained checkpoint: resumed
+        ("PersistentVolumeClaim", existing("PersistentVolumeClaim", deleting=True), True),
+        ("PersistentVolumeClaim", existing("PersistentVolumeClaim", owner="old-uid"), True),  # retainOnDelete false
+        ("Service", None, False),  # gone between the dry run and the look
+    ],
+)
+def test_a_name_already_taken_is_this_jobs_only_when_it_owns_it_or_a_retained_checkpoint(kind, found, in_use):
+    kube = Kube(qps=100, burst=100)
+    kube._get = lambda *args: found  # the object the API server returns for the name
+    result = kube._name_in_use({"kind": kind, "metadata": {"name": "mnist", "namespace": "team-a"}}, "this-uid")
+    assert (result is not None and result.cause == NAME_IN_USE) == in_use
+
+
+def test_an_event_is_raised_when_the_api_server_may_take_it_later_and_dropped_when_never():
+    kube = Kube(qps=100, burst=100)
+    job_ = {"metadata": {"name": "mnist", "namespace": "team-a", "uid": "u"}}
+    for status in (500, 503, 429):
+        kube._call = lambda *a, status=status, **k: (_ for _ in ()).throw(api_error(status, "try later"))
+        with pytest.raises(ApiException):
+            kube.event(job_, "Warning", "Disrupted", "x")
+    kube._call = lambda *a, **k: (_ for _ in ()).throw(api_error(403, "events is forbidden"))
+    kube.event(job_, "Warning", "Disrupted", "x")  # logged: retrying would never help
+
+
+# ------------------------------------------------------------------ invalid templates
+
+
+def test_an_invalid_template_fails_the_job_before_any_child_exists():
+    shell = Shell(mwms(workers=3))
+    message = 'Pod "mnist-worker-2" is invalid: spec.containers[0].resources.limits[memory]: Invalid value'
+    shell.api.invalid["worker"] = message
+    shell.controller.reconcile(shell.key)
+    status = shell.status()
+    assert (status["phase"], status["reason"]) == ("Failed", "InvalidPodTemplate")
+    assert condition(shell)["message"].startswith(
+        f"replica worker: the API server refused pod mnist-worker-2: {message}"
+    )
+    assert "Fix spec.replicaSpecs.worker.template" in condition(shell)["message"]
+    assert status.get("completionTime")
+    assert shell.api.pods == {} and shell.api.others == {}
+    # One pod per role is tried (the last index: the longest name), and the Service.
+    assert sorted(c for c in shell.api.calls if c.startswith("dry-run")) == [
+        "dry-run Pod",
+        "dry-run Pod",
+        "dry-run Service",
+    ]
+    assert ("Warning", "InvalidPodTemplate") in [(t, r) for t, r, _ in shell.api.recorded]
+    assert shell.controller.reconcile(shell.key).create == []  # finished: never retried
+
+
+def test_an_undecodable_quantity_is_reported_with_its_field_path():
+    document = mwms()
+    document["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"memory": "4GB", "cpu": "1"}
+    }
+    shell = Shell(document)
+    shell.api.invalid["worker"] = (
+        'Pod in version "v1" cannot be handled as a Pod: quantities must match the regular expression'
+    )
+    shell.controller.reconcile(shell.key)
+    assert (
+        "spec.replicaSpecs.worker.template.spec.containers[0].resources.limits.memory='4GB'"
+        in condition(shell)["message"]
+    )
+    assert "cpu" not in condition(shell)["message"]
+
+
+def test_only_a_new_job_pays_for_a_dry_run():
+    shell = Shell(mwms()).running()
+    assert shell.api.calls.count("dry-run Pod") == 2
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}  # a restart: worker-1 alone (MWMS group)
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    for name in list(shell.api.pods):
+        shell.api.remove_pod(name)
+    shell.api.deliver(shell.controller)
+    shell.now += 3600  # past the restart's backoff
+    shell.controller.reconcile(shell.key)
+    assert len(shell.api.pods) == 3
+    assert shell.api.calls.count("dry-run Pod") == 2
+
+
+def test_a_template_made_invalid_while_suspended_fails_the_resumed_job_before_any_pod_exists():
+    shell = Shell(mwms()).running()
+    shell.api.jobs[shell.key]["spec"]["runPolicy"]["suspend"] = True
+    shell.api.update_job(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    for name in list(shell.api.pods):
+        shell.api.remove_pod(name)
+    shell.api.deliver(shell.controller)
+    assert shell.status()["phase"] == "Suspended"
+    shell.api.jobs[shell.key]["spec"]["runPolicy"]["suspend"] = False
+    shell.api.update_job(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.api.invalid["chief"] = 'Pod "mnist-chief-0" is invalid: spec.containers[0].image: Required value'
+    shell.controller.reconcile(shell.key)
+    assert (shell.status()["phase"], shell.status()["reason"]) == ("Failed", "InvalidPodTemplate")
+    assert shell.api.pods == {}
+
+
+def test_a_replacement_the_api_server_finds_invalid_fails_the_job():
+    """E.g. a LimitRange added while the job ran, whose default request exceeds the template's limit."""
+    shell = Shell(mwms()).running()
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    for name in list(shell.api.pods):
+        shell.api.remove_pod(name)
+    shell.api.deliver(shell.controller)
+    shell.api.invalid["worker"] = (
+        'Pod "mnist-worker-0" is invalid: spec.containers[0].resources.requests: Invalid value: "2Gi": must be less '
+        "than or equal to memory limit of 1Gi"
+    )
+    shell.now += 3600
+    shell.controller.reconcile(shell.key)
+    assert (shell.status()["phase"], shell.status()["reason"]) == ("Failed", "InvalidPodTemplate")
+    assert list(shell.api.pods) == ["mnist-chief-0"]  # created in the same batch ...
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    assert shell.api.pods["mnist-chief-0"]["metadata"].get("deletionTimestamp")  # ... stopped (cleanPodPolicy)
+
+
+# ------------------------------------------------------------------ quota and admission denials
+
+
+def test_a_quota_denial_keeps_the_job_pending_with_the_message_and_a_warning_then_backs_off():
+    shell = Shell(mwms())
+    shell.api.refuse["mnist-worker-1"] = denied("mnist-worker-1")
+    with pytest.raises(Refused):
+        shell.controller.reconcile(shell.key)
+    assert sorted(shell.api.pods) == ["mnist-chief-0", "mnist-worker-0"]
+    status = shell.status()
+    assert (status["phase"], status["reason"]) == ("Pending", "CreateRejected")
+    message = condition(shell)["message"]
+    assert message.startswith(f"pod mnist-worker-1 (replica worker) could not be created: {QUOTA}")
+    assert "raise the namespace's ResourceQuota" in message and "startupTimeoutSeconds=600" in message
+    assert status["createRejectedSince"] == "2027-01-15T08:00:00Z"
+    assert shell.api.recorded[-1][:2] == ("Warning", "CreateRejected")
+    # Retried while still refused: no new event, no status write.
+    shell.api.deliver(shell.controller)
+    writes, events = shell.api.calls.count("patch status"), len(shell.api.recorded)
+    shell.now += 2
+    with pytest.raises(Refused):
+        shell.controller.reconcile(shell.key)
+    assert (shell.api.calls.count("patch status"), len(shell.api.recorded)) == (writes, events)
+    # The quota is raised: the pod is created and the refusal is over.
+    del shell.api.refuse["mnist-worker-1"]
+    shell.controller.reconcile(shell.key)
+    assert len(shell.api.pods) == 3
+    status = shell.status()
+    assert (status["phase"], status["reason"]) == ("Pending", "PodsStarting")
+    assert "createRejectedSince" not in status
+    assert status["restarts"]["total"] == 0
+
+
+def test_refused_creates_back_off_per_job_in_the_worker_loop():
+    shell = Shell(mwms())
+    shell.api.refuse["mnist-chief-0"] = denied("mnist-chief-0")
+    shell.queued()
+    shell.controller.queue.add(shell.key, 1)
+    shell.controller.start()
+    try:
+        wait_for(lambda: shell.controller.queue.failures.get(shell.key) == 1, 5, "one failure counted")
+    finally:
+        shell.controller.stop()
+    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 1  # the first backoff step, not a tight loop
+
+
+def test_startup_timeout_covers_pods_that_could_not_be_created():
+    shell = Shell(mwms(startupTimeoutSeconds=60))
+    shell.api.refuse["mnist-chief-0"] = denied("mnist-chief-0")
+    with pytest.raises(Refused):
+        shell.controller.reconcile(shell.key)
+    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 60  # a timer, not the next backoff, fails it
+    shell.now = T0 + 59
+    with pytest.raises(Refused):
+        shell.controller.reconcile(shell.key)
+    shell.now = T0 + 60
+    shell.controller.reconcile(shell.key)
+    status = shell.status()
+    assert (status["phase"], status["reason"]) == ("Failed", "StartupTimeout")
+    assert condition(shell)["message"].startswith(
+        "pods could not be created for startupTimeoutSeconds=60: pod mnist-chief-0"
+    )
+    assert QUOTA in condition(shell)["message"]
+
+
+def test_a_restarting_job_whose_replacement_is_refused_stays_restarting():
+    shell = Shell(mwms()).running()
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    for name in list(shell.api.pods):
+        shell.api.remove_pod(name)
+    shell.api.deliver(shell.controller)
+    shell.api.refuse["mnist-worker-1"] = denied("mnist-worker-1")
+    shell.now += 3600
+    with pytest.raises(Refused):
+        shell.controller.reconcile(shell.key)
+    status = shell.status()
+    assert (status["phase"], status["reason"]) == ("Restarting", "CreateRejected")
+    assert status["restarts"]["failures"] == 1  # the refusal is not another restart
+
+
+# ------------------------------------------------------------------ a previous job's Service and PVC
+
+
+def test_a_recreated_job_waits_for_the_previous_jobs_service_and_creates_nothing_meanwhile():
+    shell = Shell(mwms())
+    shell.api.others[("Service", "mnist")] = {
+        "kind": "Service",
+        "metadata": {"name": "mnist", "ownerReferences": [{"uid": "old"}], "deletionTimestamp": "2027-01-01T00:00:00Z"},
+    }
+    with pytest.raises(Refused) as raised:
+        shell.controller.reconcile(shell.key)
+    assert raised.value.refusal.cause == NAME_IN_USE
+    status = shell.status()
+    assert (status["phase"], status["reason"]) == ("Pending", "NameInUse")
+    assert condition(shell)["message"].startswith(
+        "waiting to create Service mnist: Service mnist of a previous job is still being deleted"
+    )
+    assert shell.api.pods == {}
+    del shell.api.others[("Service", "mnist")]  # the garbage collector got to it
+    shell.controller.reconcile(shell.key)
+    assert len(shell.api.pods) == 3 and ("Service", "mnist") in shell.api.others
+    assert shell.status()["reason"] == "PodsStarting"
+
+
+def test_a_name_still_in_use_is_looked_at_again_within_seconds_not_minutes():
+    shell = Shell(mwms())
+    held = {"name": "mnist", "ownerReferences": [{"uid": "old"}], "deletionTimestamp": "2027-01-01T00:00:00Z"}
+    shell.api.others[("Service", "mnist")] = {"kind": "Service", "metadata": held}
+    shell.controller.queue.failures[shell.key] = 20  # long past the default cap
+    shell.queued()
+    shell.controller.queue.add(shell.key, 1)
+    shell.controller.start()
+    try:
+        wait_for(lambda: shell.controller.queue.failures.get(shell.key) == 21, 5, "the failure counted")
+    finally:
+        shell.controller.stop()
+    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 10
+
+
+# ------------------------------------------------------------------ events before the status that records them
+
+
+def test_events_are_posted_before_the_status_records_the_decision():
+    shell = Shell(mwms()).running()
+    shell.api.calls.clear()
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    assert shell.api.calls.index("create Event") < shell.api.calls.index("patch status")
+
+
+def test_an_event_the_api_server_did_not_take_leaves_the_decision_unrecorded_and_is_posted_again():
+    shell = Shell(mwms()).running()
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    post = shell.api.event
+
+    def unavailable(*args):
+        raise api_error(503, "the server is currently unable to handle the request")
+
+    shell.api.event = unavailable
+    recorded = len(shell.api.recorded)
+    with pytest.raises(ApiException):
+        shell.controller.reconcile(shell.key)
+    assert len(shell.api.recorded) == recorded
+    assert shell.status()["phase"] == "Running"  # the crash-equivalent: nothing recorded, nothing lost
+    shell.api.event = post
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["phase"] == "Restarting"
+    assert [r for _, r, _ in shell.api.recorded][-1:] == ["Failed"]
+
+
+def test_the_refusal_reason_stays_until_the_creates_go_through():
+    """Pure: a pending refusal is not replaced by the derived PodsStarting in between two create attempts."""
+    document = mwms()
+    document["metadata"]["generation"] = 1
+    document["status"] = {
+        "phase": "Pending",
+        "reason": "CreateRejected",
+        "conditions": [{"type": "Pending", "status": "True", "reason": "CreateRejected", "message": "m"}],
+        reconcile.REFUSED_SINCE: "2027-01-15T08:00:00Z",
+    }
+    plan = reconcile.plan(document, [], T0 + 5)
+    assert plan.status["reason"] == "CreateRejected" and plan.events == []
+    assert len(plan.create) == 3
