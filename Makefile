@@ -76,7 +76,7 @@ images: ## build the operator and trainer images FROM the local base; load them 
 	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) load $(OPERATOR_IMAGE) $(TRAINER_IMAGE); \
 	else echo "push or load $(OPERATOR_IMAGE) and $(TRAINER_IMAGE) into your cluster (kind: tests/cluster/kind.sh)"; fi
 
-install: venv ## the CRD, then the chart into kubetf-system (restricted Pod Security Standard)
+install: venv tools ## the CRD, then the chart into kubetf-system (restricted Pod Security Standard)
 	$(KUBECTL) apply --server-side --force-conflicts -f manifests/crd/
 	$(KUBECTL) create namespace $(OPERATOR_NAMESPACE) --dry-run=client -o yaml | $(KUBECTL) apply -f -
 	$(KUBECTL) label --overwrite namespace $(OPERATOR_NAMESPACE) pod-security.kubernetes.io/enforce=restricted
