@@ -18,6 +18,9 @@
 #                              renewals, node or pod updates); the node lifecycle controller then marks it NotReady
 #   local-cluster.sh fake-node-start NAME...  kwok manages the node again (Ready in a few seconds)
 #   local-cluster.sh fake-nodes-delete   delete every fake node (their pods are then garbage-collected) and stop kwok
+#   local-cluster.sh apiserver-restart [--down SECONDS]   stop kube-apiserver (SIGTERM, as a control-plane upgrade
+#                              does), keep it stopped SECONDS (default 0), start it again as `up` did; returns once
+#                              /readyz answers, printing how long it was away
 #
 # Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
 # KUBETF_FAKE_GPUS (default 2), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
@@ -858,6 +861,22 @@ cmd_status() {
   fi
   return $rc
 }
+cmd_apiserver_restart() {  # every client (kubelet, controllers, kwok, the operator) loses its watches meanwhile
+  local down=0
+  case "${1:-}" in
+    --down) [[ ${2:-} =~ ^[0-9]+$ ]] || die "usage: apiserver-restart [--down SECONDS]"; down=$2 ;;
+    "") ;;
+    *) die "usage: apiserver-restart [--down SECONDS]" ;;
+  esac
+  cluster_ok || die "the cluster is not up (local-cluster.sh up first)"
+  lock  # an `up` in between would find the cluster broken and rebuild it
+  NODE_IP="$(node_ip)"
+  local t0=$SECONDS
+  stop_daemon kube-apiserver
+  sleep "$down"
+  start_apiserver
+  log "kube-apiserver ready again $((SECONDS - t0))s after it was stopped"
+}
 cmd_env() {
   echo "export KUBECONFIG=$KUBECONFIG_PATH"
   echo "export PATH=$BIN_DIR:\$PATH"
@@ -881,5 +900,6 @@ case "${1:-}" in
   fake-node-stop) shift; (($#)) || die "usage: local-cluster.sh fake-node-stop NAME..."; stop_fake_nodes "$@" ;;
   fake-node-start) shift; (($#)) || die "usage: local-cluster.sh fake-node-start NAME..."
     running kwok || die "kwok is not running (local-cluster.sh fake-nodes N first)"; start_fake_nodes "$@" ;;
-  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  apiserver-restart) shift; cmd_apiserver_restart "$@" ;;
+  *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
