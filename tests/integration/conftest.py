@@ -24,6 +24,7 @@ from kubernetes import config as kubeconfig
 from kubernetes.client.exceptions import ApiException
 
 from kubetf import api, config
+from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +97,15 @@ class Cluster:
     def status(self, namespace: str, name: str) -> dict:
         return (self.job(namespace, name) or {}).get("status") or {}
 
+    def statuses(self, namespace: str) -> dict[str, dict]:
+        """Every job's status in the namespace, from one list."""
+        items = self.raw(
+            self.custom.list_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, _preload_content=False
+            )
+        )["items"]
+        return {j["metadata"]["name"]: j.get("status") or {} for j in items}
+
     def patch_spec(self, namespace: str, name: str, spec: dict) -> None:
         self.custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"spec": spec})
 
@@ -115,6 +125,16 @@ class Cluster:
 
     def live_pods(self, namespace: str, job: str) -> dict[str, dict]:
         return {n: p for n, p in self.pods(namespace, job).items() if not p["metadata"].get("deletionTimestamp")}
+
+    def live_pods_by_job(self, namespace: str) -> dict[str, dict[str, dict]]:
+        """Job name -> its live pods, from one list of the namespace's pods."""
+        items = self.raw(self.core.list_namespaced_pod(namespace, _preload_content=False))["items"]
+        found: dict[str, dict[str, dict]] = {}
+        for pod in items:
+            job = (pod["metadata"].get("labels") or {}).get(api.LABEL_JOB)
+            if job and not pod["metadata"].get("deletionTimestamp"):
+                found.setdefault(job, {})[pod["metadata"]["name"]] = pod
+        return found
 
     def set_status(self, pod: dict, status: dict) -> None:
         meta = pod["metadata"]
@@ -212,6 +232,12 @@ class Operator:
 
     def start(self, leader: bool = True) -> None:
         """Start it; wait until it serves /healthz and, with `leader`, until it holds the lease."""
+        self.launch()
+        wanted = ("ok leader",) if leader else ("ok leader", "ok standby")
+        wait_for(lambda: self.role() in wanted, 30, f"the operator's /healthz to say {' or '.join(wanted)}")
+
+    def launch(self) -> None:
+        """Start the process and return at once, as a Deployment starts a replacement."""
         core = client.CoreV1Api(kubeconfig.new_client_from_config(config_file=self.kubeconfig))
         try:  # the leader election's Lease lives in the operator's namespace, as when installed
             core.create_namespace({"metadata": {"name": config.DEFAULT_LEASE_NAMESPACE}})
@@ -241,8 +267,6 @@ class Operator:
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        wanted = ("ok leader",) if leader else ("ok leader", "ok standby")
-        wait_for(lambda: self.role() in wanted, 30, f"the operator's /healthz to say {' or '.join(wanted)}")
 
     def role(self) -> str:
         """'ok leader', 'ok standby', or '' while it does not answer."""
@@ -266,6 +290,23 @@ class Operator:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+def restart_apiserver(kubeconfig: str, down: int = 0) -> None:
+    """Stop kube-apiserver, keep it stopped `down` seconds, start it again; return once it is ready
+    (local-cluster.sh apiserver-restart)."""
+    if not kwok.is_local(kubeconfig):
+        pytest.fail(f"only the local cluster's API server can be restarted by a test; KUBECONFIG={kubeconfig}")
+    result = subprocess.run(
+        ["bash", str(kwok.SCRIPT), "apiserver-restart", "--down", str(down)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"local-cluster.sh apiserver-restart exited {result.returncode}:\n{result.stderr[-3000:]}")
+    print(result.stderr.strip())
 
 
 @pytest.fixture(scope="session")
