@@ -47,6 +47,9 @@ class Controller:
         self.phases: dict[Key, str] = {}
         self.node_states: dict[str, tuple[float, bool]] = {}  # node -> (read at, lost)
         self.threads: list[threading.Thread] = []
+        self.audit_on_list = False  # set once the audit after the start is done: later lists are re-lists
+        self.auditing = False
+        self.audit_again = False  # a re-list came during an audit that may have listed before it
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -66,10 +69,36 @@ class Controller:
 
     def _audit_after_start(self) -> None:
         time.sleep(AUDIT_AFTER_START)
+        self._audit()
+        self.audit_on_list = True
+
+    def _audit(self) -> None:
         try:
             self.audit()
         except Exception:  # the jobs' own resyncs remain
-            log.exception("auditing the cache after the start failed")
+            log.exception("auditing the cache failed")
+
+    def _listed(self) -> None:
+        """kopf listed again: its watch could not resume (a restarted API server has none of the old versions),
+        and a list shows no deletions, so a pod deleted meanwhile would stay cached. Audit once more: a list taken
+        after kopf's shows them, and kopf's watch goes on from its own list."""
+        with self.lock:
+            if not self.audit_on_list:
+                return
+            if self.auditing:
+                self.audit_again = True
+                return
+            self.auditing = True
+        threading.Thread(target=self._audit_until_done, name="kubetf-audit", daemon=True).start()
+
+    def _audit_until_done(self) -> None:
+        while True:
+            self._audit()
+            with self.lock:
+                if not self.audit_again:
+                    self.auditing = False
+                    return
+                self.audit_again = False
 
     def prime(self) -> None:
         """Fill the cache with a paged list of jobs and of the operator's pods before any reconcile, so that no
@@ -145,6 +174,8 @@ class Controller:
 
     def job_event(self, type_: str | None, job: Mapping[str, Any]) -> None:
         key = (api.namespace(dict(job)), api.name(dict(job)))
+        if type_ is None:  # kopf's type for an object it listed rather than watched
+            self._listed()
         if type_ == "DELETED":
             self.store.remove_job(key, (job.get("metadata") or {}).get("uid", ""))
             self.expectations.forget(key)
@@ -157,6 +188,8 @@ class Controller:
         key = _pod_job(pod)
         if key is None:
             return
+        if type_ is None:  # kopf's type for an object it listed rather than watched
+            self._listed()
         meta = pod.get("metadata") or {}
         deleted = type_ == "DELETED"
         gone = deleted or bool(meta.get("deletionTimestamp"))

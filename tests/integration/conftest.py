@@ -6,12 +6,15 @@ way the kubelet and the scheduler would, as envtest-style tests do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -307,6 +310,67 @@ def restart_apiserver(kubeconfig: str, down: int = 0) -> None:
     if result.returncode != 0:
         pytest.fail(f"local-cluster.sh apiserver-restart exited {result.returncode}:\n{result.stderr[-3000:]}")
     print(result.stderr.strip())
+
+
+class ApiPath:
+    """A TCP path to the API server that a test can cut and heal, as a load balancer in front of it would be
+    (TLS passes through untouched: the local API server's certificate names 127.0.0.1). `kubeconfig` goes this way."""
+
+    def __init__(self, kubeconfig_path: str, directory: Path) -> None:
+        document = yaml.safe_load(Path(kubeconfig_path).read_text())
+        server = urllib.parse.urlsplit(document["clusters"][0]["cluster"]["server"])
+        self.target = (server.hostname or "", server.port or 443)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        for entry in document["clusters"]:
+            entry["cluster"]["server"] = f"https://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.kubeconfig = str(directory / "through-api-path.kubeconfig")
+        Path(self.kubeconfig).write_text(yaml.safe_dump(document))
+        self.lock = threading.Lock()
+        self.open = True
+        self.sockets: set[socket.socket] = set()
+        threading.Thread(target=self._accept, name="api-path", daemon=True).start()
+
+    def cut(self) -> None:
+        """Every connection ends, and new ones are closed as soon as they are made, until `heal`."""
+        with self.lock:
+            self.open = False
+            sockets = list(self.sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def heal(self) -> None:
+        with self.lock:
+            self.open = True
+
+    def _accept(self) -> None:
+        while True:
+            downstream, _ = self.listener.accept()
+            with self.lock:
+                is_open = self.open
+            upstream = None
+            if is_open:
+                with contextlib.suppress(OSError):
+                    upstream = socket.create_connection(self.target, timeout=5)
+                    upstream.settimeout(None)  # watches stay quiet for minutes
+            if upstream is None:
+                downstream.close()
+                continue
+            with self.lock:
+                self.sockets |= {downstream, upstream}
+            for source, sink in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with self.lock:
+            self.sockets -= {source, sink}
+        source.close()  # each direction's thread closes the socket it read from
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The reconcile shell (`Controller`) on an in-memory API: cache, expectations, priorities, batching, backoff."""
 
 import dataclasses
+import time
 
 import pytest
 
@@ -210,6 +211,20 @@ def test_an_audit_after_the_start_acts_on_a_deletion_no_watch_showed():
     shell.queued()
     shell.api.pods.pop("mnist-worker-0")  # between the priming list and the watch's own: no event ever comes
     shell.controller.audit()
+    assert shell.queued() == [(shell.key, URGENT)]
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["restarts"]["disruptions"] == 1
+
+
+def test_a_relist_after_the_start_audits_so_a_deletion_it_cannot_show_is_acted_on():
+    shell = Shell(mwms()).running()
+    shell.queued()
+    shell.controller.audit_on_list = True  # the audit after the start is done
+    shell.api.pods.pop("mnist-worker-0")  # while the watch was down (an API server restart): no event ever comes
+    shell.controller.pod_event(None, shell.api.pods["mnist-chief-0"])  # kopf lists again: type None
+    deadline = time.monotonic() + 5
+    while shell.controller.auditing and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert shell.queued() == [(shell.key, URGENT)]
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 1
