@@ -58,7 +58,11 @@ test-trainer: venv ## TensorFlow training as local processes (kubetf local)
 test-cluster: venv tools ## integration and e2e tiers on $$KUBECONFIG, else on the local cluster (brought up)
 	$(PYTEST) -m "integration or e2e" tests/integration tests/e2e
 
-test: lint test-unit test-trainer test-cluster ## every test tier
+test: ## every test tier, each timed
+	@for tier in lint test-unit test-trainer test-cluster; do \
+		start=$$SECONDS; $(MAKE) --no-print-directory $$tier || exit $$?; \
+		echo "::: $$tier took $$((SECONDS - start))s"; \
+	done
 
 cluster: ## the local cluster, unless a kubeconfig names another one (FAKE_NODES=4: also 4 fake kwok nodes)
 	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) up $(if $(FAKE_NODES),--fake-nodes $(FAKE_NODES)); \
