@@ -49,15 +49,13 @@ def _rest(job: Mapping[str, Any]) -> Obj:
 
 
 def slim_pod(pod: Mapping[str, Any]) -> Obj:
-    """The fields status.py and policy.py read: identity, labels, the containers' names, the status."""
+    """The fields status.py, policy.py and sigterm.py read: identity, labels, the deletion, the containers' names,
+    the status."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    slim_meta = {
-        k: meta[k]
-        for k in ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
-        if k in meta
-    }
+    kept_meta = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
+    slim_meta = {k: meta[k] for k in (*kept_meta, "deletionGracePeriodSeconds") if k in meta}
     controller = [
         {"uid": o.get("uid"), "controller": True} for o in meta.get("ownerReferences") or [] if o.get("controller")
     ]

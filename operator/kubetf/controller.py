@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubetf import api, metrics, reconcile
+from kubetf import api, metrics, reconcile, sigterm
 from kubetf import status as st
 from kubetf.cache import Key, Store
 from kubetf.config import OperatorConfig
@@ -46,6 +46,7 @@ class Controller:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.node_states: dict[str, tuple[float, bool]] = {}  # node -> (read at, lost)
+        self.sigterm_watch: dict[Key, dict[str, sigterm.Watched]] = {}  # pods sent SIGTERM, by uid
         self.threads: list[threading.Thread] = []
         self.audit_on_list = False  # set once the audit after the start is done: later lists are re-lists
         self.auditing = False
@@ -229,7 +230,8 @@ class Controller:
         pods = self.store.job_pods(key)
         now = self.clock()
         original = job.get("status") or {}
-        plan = reconcile.plan(job, pods, now, self._lost_nodes(pods, now))
+        lost_nodes = self._lost_nodes(pods, now)
+        plan = reconcile.plan(job, pods, now, lost_nodes)
         refusal = None
         trial = reconcile.dry_run_objects(plan)
         if trial:  # a new job: nothing is created unless all of it would be
@@ -242,13 +244,17 @@ class Controller:
             posted = self._post(job, plan.events, posted)
             job = self._write_status(job, stored, plan.status)
             stored = plan.status
-        if plan.delete:
+        reachable = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in lost_nodes]
+        grace, hold_until = sigterm.deletion_grace(self._watch_sigterms(key, job, reachable, now))
+        if plan.delete and hold_until is not None:
+            self.queue.at(hold_until, key, URGENT)  # does the program act on the SIGTERM it got? (kubetf.sigterm)
+        elif plan.delete:
             self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in plan.delete])
             for pod in plan.delete:  # a deletion the watch showed before the expectation was set
                 name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
                 if not self.store.still_there(key, name, uid):
                     self.expectations.observe(key, name, uid, gone=True)
-            for pod in self.kube.delete_pods(plan.delete):  # already gone: its DELETED event may never come
+            for pod in self.kube.delete_pods(plan.delete, grace_seconds=grace):  # gone: no DELETED event may come
                 name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
                 self.store.remove_pod(key, name, uid)
                 self.expectations.observe(key, name, uid, gone=True)
@@ -334,6 +340,45 @@ class Controller:
         for event in events[start:]:
             self.kube.event(job, event.type, event.reason, event.message)
         return len(events)
+
+    def _watch_sigterms(
+        self, key: Key, job: dict[str, Any], pods: list[dict[str, Any]], now: float
+    ) -> list[sigterm.Watched]:
+        """The job's pods that were sent SIGTERM, their logs read when a check is due: TensorFlow's line says that
+        nothing in the program acts on the SIGTERM (see `kubetf.sigterm`)."""
+        before = self.sigterm_watch.get(key, {})
+        watched: dict[str, sigterm.Watched] = {}
+        for pod in pods:
+            sent_at = sigterm.sigterm_sent_at(pod)
+            if sent_at is None:
+                continue
+            uid = pod["metadata"]["uid"]
+            seen = before.get(uid) or sigterm.Watched(sent_at)
+            due = sigterm.checks_due(sent_at, seen.checks, now)
+            if due > seen.checks and not seen.swallowed:
+                since = sigterm.log_since_seconds(sent_at, now)
+                try:
+                    text = self.kube.pod_log_tail(pod, sigterm.training_container(pod), since, sigterm.LOG_LIMIT_BYTES)
+                except Exception:  # no log (RBAC, a kubelet not answering): the pods keep their grace period
+                    log.warning("could not read the log of %s", pod["metadata"]["name"], exc_info=True)
+                    text = ""
+                found = sigterm.swallowed(text)
+                if found:
+                    name, grace = pod["metadata"]["name"], pod["metadata"].get("deletionGracePeriodSeconds")
+                    message = (
+                        f"{name}: TensorFlow took the SIGTERM and nothing in the program acts on it; stopping the "
+                        f"other pods at once ({sigterm.STOP_GRACE_SECONDS}s grace period) rather than letting them "
+                        f"train on for {grace}s. To save a checkpoint on SIGTERM, use PreemptionCheckpointHandler."
+                    )
+                    log.info("%s/%s: %s", key[0], key[1], message)
+                    self.kube.event(job, "Normal", "SigtermIgnored", message)
+                seen = sigterm.Watched(sent_at, due, found)
+            watched[uid] = seen
+        if watched:
+            self.sigterm_watch[key] = watched
+        else:
+            self.sigterm_watch.pop(key, None)
+        return list(watched.values())
 
     def _write_status(self, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         updated = self.kube.patch_job_status(job, st.merge_patch(stored, status))

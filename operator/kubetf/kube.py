@@ -345,18 +345,21 @@ class Kube:
         except Exception as error:  # reported by create_batched, raised by its caller
             return error
 
-    def delete_pods(self, pods: list[Obj], force: bool = False) -> list[Obj]:
+    def delete_pods(self, pods: list[Obj], force: bool = False, grace_seconds: int | None = None) -> list[Obj]:
         """Delete these pods; returns those that were already gone."""
-        deleted = self.pool.map(lambda pod: self.delete_pod(pod, force), pods)
+        deleted = self.pool.map(lambda pod: self.delete_pod(pod, force, grace_seconds), pods)
         return [pod for pod, done in zip(pods, deleted, strict=True) if not done]
 
-    def delete_pod(self, pod: Obj, force: bool = False) -> bool:
-        """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint, or
-        at once (`force`: its node is lost and will never confirm). False when it was already gone."""
+    def delete_pod(self, pod: Obj, force: bool = False, grace_seconds: int | None = None) -> bool:
+        """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint unless
+        `grace_seconds` shortens it, or at once (`force`: its node is lost and will never confirm). False when it
+        was already gone."""
         meta = pod["metadata"]
         body: Obj = {"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else {}
         if force:
             body["gracePeriodSeconds"] = 0
+        elif grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         try:
             self._call("delete", "pods", self.core.delete_namespaced_pod, meta["name"], meta["namespace"], body=body)
         except ApiException as error:
@@ -384,6 +387,24 @@ class Kube:
             _request_timeout=(self.timeout[0], None) if follow else self.timeout,
         )  # fmt: skip
         return response
+
+    def pod_log_tail(self, pod: Obj, container: str, since_seconds: int, limit_bytes: int) -> str:
+        """What the container printed in the last `since_seconds` (at most `limit_bytes`); "" when there is no
+        log to read (the pod or its container is gone)."""
+        meta = pod["metadata"]
+        self.limiter.acquire()
+        metrics.API_REQUESTS.labels(verb="get", resource="pods/log").inc()
+        try:
+            response = self.core.read_namespaced_pod_log(
+                meta["name"], meta["namespace"], container=container, since_seconds=since_seconds,
+                limit_bytes=limit_bytes, _preload_content=False, _request_timeout=self.timeout,
+            )  # fmt: skip
+        except ApiException as error:
+            metrics.API_ERRORS.labels(verb="get", resource="pods/log", code=str(error.status)).inc()
+            if error.status in (400, 404):
+                return ""
+            raise
+        return bytes(response.data or b"").decode("utf-8", "replace")
 
     def list_events(self, namespace: str, name: str) -> list[Obj]:
         result = self._call(

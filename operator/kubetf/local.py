@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from kubetf import api, builders, policy
+from kubetf import api, builders, policy, sigterm
 
 Task = tuple[str, int]
 PREFIX = "kubetf-local | "
@@ -293,12 +293,23 @@ class LocalJob:
     def _pump(self, replica: Replica, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         prefix = f"{replica.label} | "
+        swallowed = False
         with open(replica.log_path, "ab") as log:
             for raw in iter(proc.stdout.readline, b""):
                 log.write(raw)
                 log.flush()
-                self.write(prefix + raw.decode("utf-8", "replace").rstrip("\n"))
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.write(prefix + line)
+                if not swallowed and sigterm.swallowed(line):
+                    # As the operator does: nothing in the program acts on this SIGTERM (see kubetf.sigterm).
+                    swallowed = True
+                    self.say(f"{replica.label}: TensorFlow took the SIGTERM and nothing in the program acts on it; "
+                             "killing it now")  # fmt: skip
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
         code = proc.wait()
+        if swallowed:
+            code = -signal.SIGTERM  # how it ended had TensorFlow not taken the signal
         self.events.put((replica.task, replica.attempt if replica.proc is proc else -1, code))
 
     def stop(self, replicas: Sequence[Replica], reason: str) -> None:

@@ -27,6 +27,7 @@ class FakeApi:
         self.calls: list[str] = []
         self.refuse: dict[str, Exception] = {}  # pod name -> error its create raises
         self.invalid: dict[str, str] = {}  # role -> the API server's message refusing its pods (dry runs too)
+        self.logs: dict[str, str] = {}  # pod name -> what its training container printed
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
 
@@ -166,10 +167,11 @@ class FakeApi:
             result.created.append(copy.deepcopy(pod))
         return result
 
-    def delete_pods(self, pods, force: bool = False) -> list[dict]:
+    def delete_pods(self, pods, force: bool = False, grace_seconds: int | None = None) -> list[dict]:
         gone = []
         for pod in pods:
-            self.calls.append("force delete Pod" if force else "delete Pod")
+            shown = "force delete Pod" if force else "delete Pod"
+            self.calls.append(shown if grace_seconds is None else f"{shown} grace {grace_seconds}")
             current = self.pods.get(pod["metadata"]["name"])
             if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
                 gone.append(pod)
@@ -177,13 +179,23 @@ class FakeApi:
             if force:
                 self.remove_pod(current["metadata"]["name"])
                 continue
-            current["metadata"]["deletionTimestamp"] = st.format_time(self.clock())
+            # As the API server does: the deadline for the kubelet's SIGKILL, and the grace period it came from.
+            grace = current["spec"].get("terminationGracePeriodSeconds", 30) if grace_seconds is None else grace_seconds
+            current["metadata"]["deletionTimestamp"] = st.format_time(self.clock() + grace)
+            current["metadata"]["deletionGracePeriodSeconds"] = grace
             self.update_pod(current["metadata"]["name"])
         return gone
+
+    def delete_pod(self, pod: dict, force: bool = False, grace_seconds: int | None = None) -> bool:
+        return not self.delete_pods([pod], force, grace_seconds)
 
     def node_lost(self, name: str) -> bool:
         self.calls.append("get Node")
         return name in self.lost_nodes
+
+    def pod_log_tail(self, pod: dict, container: str, since_seconds: int, limit_bytes: int) -> str:
+        self.calls.append(f"read log {pod['metadata']['name']}")
+        return self.logs.get(pod["metadata"]["name"], "")
 
     def event(self, job: dict, type_: str, reason: str, message: str) -> None:
         self.calls.append("create Event")

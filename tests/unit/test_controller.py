@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from kubetf import sigterm
 from kubetf.config import OperatorConfig
 from kubetf.controller import NORMAL, RESYNC, URGENT, Controller
 from kubetf.kube import Kube, NotLeader
@@ -228,3 +229,71 @@ def test_a_relist_after_the_start_audits_so_a_deletion_it_cannot_show_is_acted_o
     assert shell.queued() == [(shell.key, URGENT)]
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 1
+
+
+def _training(shell, *names):
+    for name in names:
+        pod = shell.api.pods[name]
+        pod["status"]["containerStatuses"] = [{"name": "tensorflow", "state": {"running": {}}}]
+        shell.api.update_pod(name)
+    shell.api.deliver(shell.controller)
+
+
+def _evicted(shell, name):
+    """A group training, then `name` evicted (deleted with its own 120 s grace period) at T0."""
+    _training(shell, *shell.api.pods)
+    shell.api.delete_pod(shell.api.pods[name])
+    shell.api.deliver(shell.controller)
+    shell.api.calls.clear()
+
+
+SWALLOWED = "W0000 00:00:1800000001.5 12 preemption_notifier.cc:90] SIGTERM caught at 2027-01-15T08:00:01+00:00\n"
+
+
+def _deletions(shell):
+    return [c for c in shell.api.calls if c.startswith("delete Pod")]
+
+
+def test_an_evicted_member_whose_tensorflow_swallowed_the_sigterm_gets_the_rest_of_its_group_stopped_at_once():
+    shell = Shell(mwms()).running()
+    _evicted(shell, "mnist-worker-1")
+    shell.controller.reconcile(shell.key)
+    assert _deletions(shell) == []  # the group restart waits for the first look at worker-1's log ...
+    assert (T0 + 2, shell.key) in [(when, key) for when, _, key, _ in shell.controller.queue.timers]
+    shell.api.logs["mnist-worker-1"] = "Epoch: 3, accuracy: 0.9\n" + SWALLOWED
+    shell.now = T0 + 2
+    shell.controller.reconcile(shell.key)
+    assert _deletions(shell) == ["delete Pod grace 1", "delete Pod grace 1"]  # ... then stops the chief and worker-0
+    assert {n for n, p in shell.api.pods.items() if p["metadata"]["deletionGracePeriodSeconds"] == 1} == {
+        "mnist-chief-0",
+        "mnist-worker-0",
+    }
+    (message,) = [m for _, r, m in shell.api.recorded if r == "SigtermIgnored"]
+    assert message.startswith("mnist-worker-1: TensorFlow took the SIGTERM")
+
+
+def test_a_program_that_saves_on_sigterm_keeps_the_pods_own_grace_period():
+    shell = Shell(mwms()).running()
+    _evicted(shell, "mnist-worker-1")
+    shell.api.logs["mnist-worker-1"] = "Member 2 has received termination notice.\n"  # PreemptionCheckpointHandler
+    for seconds in (0, 2, 4):
+        shell.now = T0 + seconds
+        shell.controller.reconcile(shell.key)
+        assert _deletions(shell) == []
+    shell.now = T0 + 6
+    shell.controller.reconcile(shell.key)
+    assert _deletions(shell) == ["delete Pod", "delete Pod"]  # with their own grace period
+    assert shell.api.calls.count("read log mnist-worker-1") == len(sigterm.CHECKS_AFTER_SIGTERM)
+    assert not [r for _, r, _ in shell.api.recorded if r == "SigtermIgnored"]
+
+
+def test_a_restart_after_a_failure_deletes_the_group_at_once():
+    shell = Shell(mwms()).running()
+    _training(shell, *shell.api.pods)
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.api.calls.clear()
+    shell.controller.reconcile(shell.key)
+    assert _deletions(shell) == ["delete Pod"] * 3  # the failed pod too, all with their own grace period
+    assert not any(c.startswith("read log") for c in shell.api.calls)

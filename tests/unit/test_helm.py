@@ -33,6 +33,7 @@ OPERATOR_PERMISSIONS = {
     *(("kubetf.io", "trainingjobs/status", verb) for verb in ("get", "patch", "update")),
     ("kubetf.io", "trainingjobs/finalizers", "update"),
     *(("", "pods", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    ("", "pods/log", "get"),  # TensorFlow's "SIGTERM caught at" line: the program ignores the SIGTERM
     *(("", "services", verb) for verb in ("get", "list", "create")),
     *(("", "persistentvolumeclaims", verb) for verb in ("get", "list", "create")),
     *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),

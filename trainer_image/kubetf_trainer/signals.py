@@ -29,3 +29,13 @@ def exit_on_sigterm() -> bool:
         return True
     except ValueError:  # not the main thread
         return False
+
+
+def reinstall_sigterm_handler() -> None:
+    """Creating a MultiWorkerMirroredStrategy replaces the process's SIGTERM handler with TensorFlow's, which only
+    notes the signal (std::signal in tsl's SigtermNotifier; see kubetf/sigterm.py), while Python still reports the
+    old one. Put Python's handler back, so that SIGTERM keeps doing what this process asked for."""
+    with contextlib.suppress(ValueError):  # not the main thread
+        handler = signal.getsignal(signal.SIGTERM)
+        if callable(handler):
+            signal.signal(signal.SIGTERM, handler)

@@ -8,7 +8,7 @@ import time
 from typing import Any, NoReturn
 
 from .env import TaskInfo, task_info
-from .signals import exit_on_sigterm
+from .signals import exit_on_sigterm, reinstall_sigterm_handler
 
 log = logging.getLogger("kubetf_trainer")
 
@@ -88,7 +88,9 @@ def make_strategy(
             else tf.distribute.experimental.CommunicationImplementation.RING
         )
         options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        reinstall_sigterm_handler()  # exit 143 until BackupAndRestore's PreemptionCheckpointHandler takes over
+        return strategy
     if kind == "ParameterServer":
         if info.role in ("worker", "ps"):
             run_server(info)

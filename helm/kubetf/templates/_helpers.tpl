@@ -54,7 +54,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The rules the operator needs on the objects it manages, in every namespace it watches. Nothing else: no
-secrets, no configmaps, no pods/exec or pods/log, no wildcards (a unit test keeps it so).
+secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 */}}
 {{- define "kubetf.operatorRules" -}}
 # TrainingJobs: watched by kopf; read before each reconcile; deleted after ttlSecondsAfterFinished.
@@ -71,6 +71,11 @@ secrets, no configmaps, no pods/exec or pods/log, no wildcards (a unit test keep
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
+# The log of a pod sent SIGTERM, from then on: TensorFlow's "SIGTERM caught at" line says the program ignores it,
+# so the rest of the group is stopped at once instead of training on for its grace period (kubetf/sigterm.py).
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
 - apiGroups: [""]
   resources: [services, persistentvolumeclaims]
   verbs: [get, list, create]

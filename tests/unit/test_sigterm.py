@@ -1,0 +1,75 @@
+"""Telling a program that ignores SIGTERM (TensorFlow swallowed it) from one that saves on it (`kubetf.sigterm`)."""
+
+import pytest
+
+from kubetf import sigterm
+from kubetf import status as st
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_800_000_000.0
+# Printed by tensorflow-cpu 2.21.0 a second after a MultiWorkerMirrored worker got SIGTERM (seen).
+TF_LINE = (
+    "W0000 00:00:1795371225.954084    5683 preemption_notifier.cc:90] SIGTERM caught at 2026-11-22T18:13:45.95+00:00"
+)
+
+
+def pod(deleted_at=None, grace=120, state="running", container="tensorflow"):
+    meta = {"name": "mnist-worker-1", "uid": "u1"}
+    if deleted_at is not None:
+        meta |= {"deletionTimestamp": st.format_time(deleted_at + grace), "deletionGracePeriodSeconds": grace}
+    return {
+        "metadata": meta,
+        "spec": {"containers": [{"name": "sidecar"}, {"name": container}]},
+        "status": {"containerStatuses": [{"name": container, "state": {state: {}}}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("situation", "the_pod", "sent_at"),
+    [
+        ("a running pod nobody deletes", pod(), None),
+        ("a pod deleted at T0 with a 120 s grace period", pod(T0), T0),
+        ("a deleted pod whose program already ended", pod(T0, state="terminated"), None),
+        ("a deleted pod whose program has not started", pod(T0, state="waiting"), None),
+        ("a pod already being stopped with a 1 s grace period", pod(T0, grace=1), None),
+        ("no container named tensorflow: the first one is the training container", pod(T0, container="main"), None),
+    ],
+)
+def test_when_the_sigterm_was_sent(situation, the_pod, sent_at):
+    assert sigterm.sigterm_sent_at(the_pod) == sent_at, situation
+
+
+@pytest.mark.parametrize(
+    ("situation", "log", "ignored"),
+    [
+        ("TensorFlow's own handler took the SIGTERM", f"epoch 3\n{TF_LINE}\nepoch 4\n", True),
+        ("nothing about SIGTERM", "epoch 3\nepoch 4\n", False),
+        ("PreemptionCheckpointHandler took it (its log)", "Member 1 has received termination notice.\n", False),
+        ("the program itself prints the words", "my handler: SIGTERM caught at 12:00, saving\n", False),
+    ],
+)
+def test_whether_the_log_says_the_sigterm_was_swallowed(situation, log, ignored):
+    assert sigterm.swallowed(log) is ignored, situation
+
+
+def test_checks_a_few_times_in_the_first_seconds_then_never_again():
+    times = [sigterm.next_check(T0, done) for done in range(len(sigterm.CHECKS_AFTER_SIGTERM) + 1)]
+    assert times == [T0 + 2, T0 + 4, T0 + 6, None]
+    assert sigterm.checks_due(T0, 0, T0 + 1) == 0
+    assert sigterm.checks_due(T0, 0, T0 + 4.5) == 2  # a late reconcile does the checks it missed at once
+    assert sigterm.checks_due(T0, 3, T0 + 4.5) == 3
+    assert sigterm.log_since_seconds(T0, T0 + 2.2) == 8  # from before the SIGTERM: the clocks may differ
+
+
+@pytest.mark.parametrize(
+    ("situation", "watched", "decision"),
+    [
+        ("nobody was sent SIGTERM: delete now, with the pods' own grace period", [], (None, None)),
+        ("a SIGTERM 1 s ago: wait for its first check", [sigterm.Watched(T0 - 1)], (None, T0 + 1)),
+        ("TensorFlow swallowed one: stop the rest", [sigterm.Watched(T0 - 1), sigterm.Watched(T0, 1, True)], (1, None)),
+        ("every check done, no line: the pods' own grace period", [sigterm.Watched(T0 - 9, 3)], (None, None)),
+    ],
+)
+def test_how_the_operator_deletes_a_group(situation, watched, decision):
+    assert sigterm.deletion_grace(watched) == decision, situation
