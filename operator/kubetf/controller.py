@@ -245,16 +245,23 @@ class Controller:
             job = self._write_status(job, stored, plan.status)
             stored = plan.status
         reachable = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in lost_nodes]
-        grace, hold_until = sigterm.deletion_grace(self._watch_sigterms(key, job, reachable, now))
+        # Does the program act on SIGTERM? One member is sent it first, the rest wait for the answer (kubetf.sigterm).
+        watched = self._watch_sigterms(key, job, reachable, now)
+        grace, hold_until = sigterm.deletion_grace(watched)
+        deletions = [] if hold_until is not None else plan.delete
+        if deletions and not watched:
+            deletions, held = sigterm.first_to_stop(deletions)
+            if held:
+                hold_until = now + sigterm.CHECKS_AFTER_SIGTERM[0]
         if plan.delete and hold_until is not None:
-            self.queue.at(hold_until, key, URGENT)  # does the program act on the SIGTERM it got? (kubetf.sigterm)
-        elif plan.delete:
-            self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in plan.delete])
-            for pod in plan.delete:  # a deletion the watch showed before the expectation was set
+            self.queue.at(hold_until, key, URGENT)
+        if deletions:
+            self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in deletions])
+            for pod in deletions:  # a deletion the watch showed before the expectation was set
                 name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
                 if not self.store.still_there(key, name, uid):
                     self.expectations.observe(key, name, uid, gone=True)
-            for pod in self.kube.delete_pods(plan.delete, grace_seconds=grace):  # gone: no DELETED event may come
+            for pod in self.kube.delete_pods(deletions, grace_seconds=grace):  # gone: no DELETED event may come
                 name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
                 self.store.remove_pod(key, name, uid)
                 self.expectations.observe(key, name, uid, gone=True)

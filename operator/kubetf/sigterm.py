@@ -18,11 +18,11 @@ line after a pod was asked to stop therefore proves that nothing in the program 
 A pod already terminating cannot be hurried: a second deletion with a shorter grace period changes the API object,
 but the kubelet (1.34, containerd) is already waiting out the first one (seen: SIGKILL after the first 120 s).
 What does end such a group at once is the loss of one member: the others' collectives fail and they exit within
-about 2 s (seen). So when a member's deletion (an eviction, say) shows the line, the operator deletes the rest of
-the MultiWorkerMirrored group for the restart with a 1 s grace period, and the evicted member follows. It holds
-those deletions for the few seconds the line takes to appear; without the line (a program that saves, which then
-leaves by itself, or one that hides TensorFlow's warnings with TF_CPP_MIN_LOG_LEVEL >= 2) they keep the pods' own
-grace period.
+about 2 s (seen). So a group restart sends SIGTERM to one member first (the evicted one, when the eviction's own
+deletion has not come yet) and holds the rest for the few seconds the line takes to appear. With the line, the rest
+is deleted with a 1 s grace period and the first member follows; without it (a program that saves, whose members
+all leave by themselves once one got SIGTERM, or one that hides TensorFlow's warnings with
+TF_CPP_MIN_LOG_LEVEL >= 2) the rest keeps the pods' own grace period.
 
 Pure functions; the controller reads the log and deletes.
 """
@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kubetf import api
+from kubetf import api, policy
 from kubetf import status as st
 
 SWALLOWED = "SIGTERM caught at"  # preemption_notifier.cc, printed once per process
@@ -107,3 +107,24 @@ def deletion_grace(watched: Iterable[Watched]) -> tuple[int | None, float | None
         return STOP_GRACE_SECONDS, None
     upcoming = [at for w in watched if (at := next_check(w.sent_at, w.checks)) is not None]
     return None, min(upcoming, default=None)
+
+
+def first_to_stop(pods: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pods a group restart deletes now, and those it holds until the first one's SIGTERM was looked at: one
+    running member goes first (a disrupted one if any); pods whose program does not run go at once. When a member
+    has already ended, the others' collectives fail and they end by themselves: no need to ask."""
+    running = [p for p in pods if training_container_running(p)]
+    if len(running) < 2 or any(_ended(p) for p in pods):
+        return pods, []
+    first = next((p for p in running if policy.disruption_reason(p)), running[0])
+    held = [p for p in running if p is not first]
+    return [p for p in pods if not any(p is h for h in held)], held
+
+
+def _ended(pod: dict[str, Any]) -> bool:
+    name = training_container(pod)
+    phase = (pod.get("status") or {}).get("phase")
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return phase in ("Succeeded", "Failed") or any(
+        c.get("name") == name and "terminated" in (c.get("state") or {}) for c in statuses
+    )

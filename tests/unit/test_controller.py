@@ -297,3 +297,22 @@ def test_a_restart_after_a_failure_deletes_the_group_at_once():
     shell.controller.reconcile(shell.key)
     assert _deletions(shell) == ["delete Pod"] * 3  # the failed pod too, all with their own grace period
     assert not any(c.startswith("read log") for c in shell.api.calls)
+
+
+def test_a_member_marked_for_eviction_is_sent_sigterm_first_and_the_rest_wait_for_what_its_program_does():
+    shell = Shell(mwms()).running()
+    _training(shell, *shell.api.pods)
+    shell.api.pods["mnist-worker-1"]["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    )  # the Eviction API marks the pod before it deletes it
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.api.calls.clear()
+    shell.controller.reconcile(shell.key)
+    assert _deletions(shell) == ["delete Pod"]  # worker-1 alone, with its own grace period
+    assert shell.api.pods["mnist-worker-1"]["metadata"]["deletionGracePeriodSeconds"] == 120
+    shell.api.deliver(shell.controller)
+    shell.api.logs["mnist-worker-1"] = SWALLOWED
+    shell.now = T0 + 2
+    shell.controller.reconcile(shell.key)
+    assert _deletions(shell) == ["delete Pod", "delete Pod grace 1", "delete Pod grace 1"]

@@ -73,3 +73,15 @@ def test_checks_a_few_times_in_the_first_seconds_then_never_again():
 )
 def test_how_the_operator_deletes_a_group(situation, watched, decision):
     assert sigterm.deletion_grace(watched) == decision, situation
+
+
+def test_a_group_restart_sends_sigterm_to_one_running_member_first():
+    chief, worker0 = pod(), pod()
+    disrupted = pod()
+    disrupted["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True"}]
+    pending = pod(state="waiting")
+    now, held = sigterm.first_to_stop([chief, worker0, disrupted, pending])
+    assert [id(p) for p in now] == [id(disrupted), id(pending)] and [id(p) for p in held] == [id(chief), id(worker0)]
+    ended = pod(state="terminated")  # the others' collectives fail anyway
+    assert sigterm.first_to_stop([chief, worker0, ended]) == ([chief, worker0, ended], [])
+    assert sigterm.first_to_stop([chief]) == ([chief], [])
