@@ -123,4 +123,6 @@ def test_a_program_that_saves_on_sigterm_keeps_its_grace_period_to_save(installe
         )
 
     wait_for(replacements_running, 300, "the replacement group running", interval=0.5)
-    cluster.core.delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "mnist-mwms")
+    print(f"PreemptionCheckpointHandler: eviction -> new group Running: {elapsed(evicted)}")
+    status = cluster.status(namespace, "mnist-mwms")
+    assert status["restarts"] == status["restarts"] | {"failures": 0, "disruptions": 1}
