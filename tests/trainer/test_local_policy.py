@@ -9,8 +9,9 @@ SCRIPT = (
     "import os, sys; d = os.environ['KUBETF_CHECKPOINT_DIR']; role = os.environ['KUBETF_ROLE'];"
     "p = os.path.join(d, role + '-' + os.environ['KUBETF_INDEX']); n = len(open(p).read()) if os.path.exists(p) else 0;"
     "open(p, 'a').write('x'); codes = [int(c) for c in os.environ.get('CODES_' + role.upper(), '0').split(',')];"
-    "print('attempt', n, flush=True); sys.exit(codes[min(n, len(codes) - 1)])"
-)
+    "print('attempt', n, flush=True); c = codes[min(n, len(codes) - 1)];"
+    "os.kill(os.getpid(), -c) if c < 0 else sys.exit(c)"
+)  # a negative code: killed by that signal, as from outside
 
 
 def job(name, codes: dict[str, str], strategy="MultiWorkerMirrored", replicas=None, **spec):
@@ -49,10 +50,19 @@ def test_failures_count_against_backoff_limit_and_the_job_fails_with_the_exit_co
 
 @pytest.mark.timeout(60)
 def test_disruptions_do_not_count_against_backoff_limit(local_run):
-    spec = job("disrupt", {"worker": "42,143,0"}, run_policy={"backoffLimit": 0})
+    # Exit 42 (PreemptionCheckpointHandler saved), then a SIGTERM from outside.
+    spec = job("disrupt", {"worker": "42,-15,0"}, run_policy={"backoffLimit": 0})
     run = local_run(spec)
     assert run.wait_exit(50) == 0, "\n".join(run.lines)
     assert "job succeeded (failures 0, disruptions" in run.lines[-1]
+
+
+@pytest.mark.timeout(60)
+def test_exit_143_from_the_program_itself_is_a_failure(local_run):
+    spec = job("self143", {"worker": "143"}, run_policy={"backoffLimit": 0})
+    run = local_run(spec)
+    assert run.wait_exit(50) == 143, "\n".join(run.lines)
+    assert any("BackoffLimitExceeded" in line for line in run.lines), run.lines[-5:]
 
 
 @pytest.mark.timeout(60)
