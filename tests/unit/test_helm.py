@@ -382,7 +382,7 @@ def test_operator_deployment() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz" and ports[probe["port"]] == 8080
     assert ports["metrics"] == 9090
-    assert container["resources"]["limits"]["memory"] == "320Mi"
+    assert container["resources"]["limits"]["memory"] == "1Gi"  # a restart's relisting peak, not the steady state
     assert container["resources"]["requests"]["memory"]
     # The operator's pod must not look like one of the operator's children.
     assert pod["metadata"]["labels"].get("app.kubernetes.io/managed-by") != "kubetf"
