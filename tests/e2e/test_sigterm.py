@@ -83,8 +83,10 @@ def test_unchanged_mwms_program_restarts_promptly_after_a_member_is_evicted(inst
     status = cluster.status(namespace, "plain")
     assert status["restarts"] == status["restarts"] | {"failures": 0, "disruptions": 1}
     wait_for(
-        lambda: any(line.startswith("Resumed from ") for line in log(cluster, namespace, "plain-chief-0"))
-        or any(line.startswith("Epoch: 0,") for line in log(cluster, namespace, "plain-chief-0")),
+        lambda: (
+            any(line.startswith("Resumed from ") for line in log(cluster, namespace, "plain-chief-0"))
+            or any(line.startswith("Epoch: 0,") for line in log(cluster, namespace, "plain-chief-0"))
+        ),
         300,
         "the new group training",
         interval=1.0,

@@ -440,3 +440,21 @@ def pod_template(command=("python", "train.py"), **spec: Any) -> dict:
 
 def replica(replicas: int = 1, **extra: Any) -> dict:
     return {"replicas": replicas, "template": pod_template(), **extra}
+
+
+def mwms_spec(**run_policy: Any) -> dict:
+    """A 1 chief + 2 worker MultiWorkerMirrored job (failure backoff 1 s unless `run_policy` says otherwise)."""
+    return {
+        "strategy": "MultiWorkerMirrored",
+        "replicaSpecs": {"chief": replica(1), "worker": replica(2)},
+        "runPolicy": {"backoffSeconds": 1, **run_policy},
+    }
+
+
+def ps_spec(**run_policy: Any) -> dict:
+    """A chief + 2 workers + 1 ps ParameterServer job (failure backoff 1 s unless `run_policy` says otherwise)."""
+    return {
+        "strategy": "ParameterServer",
+        "replicaSpecs": {"chief": replica(1), "worker": replica(2), "ps": replica(1)},
+        "runPolicy": {"backoffSeconds": 1, **run_policy},
+    }

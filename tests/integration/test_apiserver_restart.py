@@ -11,23 +11,15 @@ import time
 
 import pytest
 
-from .conftest import ApiPath, Operator, replica, restart_apiserver
+from .conftest import ApiPath, Operator, mwms_spec, ps_spec, restart_apiserver
 
 RESUME_SECONDS = 5
 # As long as a control-plane upgrade may keep it away: longer than the lease's renew deadline (the operator stops
 # writing meanwhile), and long enough for a client's reconnect backoff to have grown.
 DOWN_SECONDS = 15
 RUN_POLICY = {"backoffSeconds": 0}
-MWMS = {
-    "strategy": "MultiWorkerMirrored",
-    "replicaSpecs": {"chief": replica(1), "worker": replica(2)},
-    "runPolicy": RUN_POLICY,
-}
-PS = {
-    "strategy": "ParameterServer",
-    "replicaSpecs": {"chief": replica(1), "worker": replica(2), "ps": replica(1)},
-    "runPolicy": RUN_POLICY,
-}
+MWMS = mwms_spec(**RUN_POLICY)
+PS = ps_spec(**RUN_POLICY)
 JOBS = {"failed": MWMS, "deleted": PS, "calm-mwms": MWMS, "calm-ps": PS}
 
 

@@ -13,17 +13,9 @@ from kubetf import api
 from kubetf import status as st
 from tests.cluster.fixture import wait_for
 
-from .conftest import replica
+from .conftest import mwms_spec
 
 HOLD = "kubetf.io/test-hold"
-
-
-def mwms_spec(**run_policy):
-    return {
-        "strategy": "MultiWorkerMirrored",
-        "replicaSpecs": {"chief": replica(1), "worker": replica(2)},
-        "runPolicy": {"backoffSeconds": 1, **run_policy},
-    }
 
 
 def running(cluster, namespace, name, spec, count):

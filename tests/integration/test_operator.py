@@ -9,7 +9,7 @@ from kubernetes.client.exceptions import ApiException
 from kubetf import api
 from tests.cluster.fixture import wait_for
 
-from .conftest import replica
+from .conftest import mwms_spec, replica
 
 PS_SPEC = {
     "strategy": "ParameterServer",
@@ -17,14 +17,6 @@ PS_SPEC = {
     "checkpoint": {"size": "1Gi"},
 }
 PS_PODS = ["ps-chief-0", "ps-evaluator-0", "ps-ps-0", "ps-worker-0", "ps-worker-1"]
-
-
-def mwms_spec(**run_policy):
-    return {
-        "strategy": "MultiWorkerMirrored",
-        "replicaSpecs": {"chief": replica(1), "worker": replica(2)},
-        "runPolicy": {"backoffSeconds": 1, **run_policy},
-    }
 
 
 def attempts(pods):

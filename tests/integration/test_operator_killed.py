@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kubetf import api
 
-from .conftest import Cluster, Operator, replica
+from .conftest import Cluster, Operator, mwms_spec, ps_spec
 
 KILLS = 20
 JOBS = 20
@@ -38,16 +38,8 @@ DEADLINE_SECONDS = 600  # the whole test; a run takes about KILLS x (lease expir
 MAX_FAILURES = 3  # per job, then only deletions: the backoff after a failure stays at most 4 s
 RESTART_EVERY = (1.0, 10.0)  # seconds from a job's last restart being carried out to its next
 RUN_POLICY = {"backoffLimit": 10, "backoffSeconds": 1}
-MWMS = {
-    "strategy": "MultiWorkerMirrored",
-    "replicaSpecs": {"chief": replica(1), "worker": replica(2)},
-    "runPolicy": RUN_POLICY,
-}
-PS = {
-    "strategy": "ParameterServer",
-    "replicaSpecs": {"chief": replica(1), "worker": replica(2), "ps": replica(1)},
-    "runPolicy": RUN_POLICY,
-}
+MWMS = mwms_spec(**RUN_POLICY)
+PS = ps_spec(**RUN_POLICY)
 
 
 def restarted_tasks(strategy: str, task: str) -> list[str]:
