@@ -180,9 +180,8 @@ def test_a_template_made_invalid_while_suspended_fails_the_resumed_job_before_an
     assert shell.api.pods == {}
 
 
-def test_a_replacement_the_api_server_finds_invalid_fails_the_job():
-    """E.g. a LimitRange added while the job ran, whose default request exceeds the template's limit."""
-    shell = Shell(mwms()).running()
+def restart_after_worker_1_failed(shell) -> None:
+    """worker-1 failed: the group restart is decided and every old pod is gone, so replacements are due."""
     shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
     shell.api.update_pod("mnist-worker-1")
     shell.api.deliver(shell.controller)
@@ -190,6 +189,12 @@ def test_a_replacement_the_api_server_finds_invalid_fails_the_job():
     for name in list(shell.api.pods):
         shell.api.remove_pod(name)
     shell.api.deliver(shell.controller)
+
+
+def test_a_replacement_the_api_server_finds_invalid_fails_the_job():
+    """E.g. a LimitRange added while the job ran, whose default request exceeds the template's limit."""
+    shell = Shell(mwms()).running()
+    restart_after_worker_1_failed(shell)
     shell.api.invalid["worker"] = (
         'Pod "mnist-worker-0" is invalid: spec.containers[0].resources.requests: Invalid value: "2Gi": must be less '
         "than or equal to memory limit of 1Gi"
@@ -270,13 +275,7 @@ def test_startup_timeout_covers_pods_that_could_not_be_created():
 
 def test_a_restarting_job_whose_replacement_is_refused_stays_restarting():
     shell = Shell(mwms()).running()
-    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
-    shell.api.update_pod("mnist-worker-1")
-    shell.api.deliver(shell.controller)
-    shell.controller.reconcile(shell.key)
-    for name in list(shell.api.pods):
-        shell.api.remove_pod(name)
-    shell.api.deliver(shell.controller)
+    restart_after_worker_1_failed(shell)
     shell.api.refuse["mnist-worker-1"] = denied("mnist-worker-1")
     shell.now += 3600
     with pytest.raises(Refused):
