@@ -386,10 +386,9 @@ def _wake_when_waits_turn_into_warnings(views: dict[str, TaskView], now: float, 
     """Reconcile again when a wait becomes worth reporting: a pod unscheduled past the grace, an old pod still
     terminating past its grace period."""
     for view in views.values():
-        if view.pod is not None and st.unscheduled_since(view.pod) is not None:
-            since = st.unscheduled_since(view.pod) or now
-            if now < since + st.SCHEDULING_GRACE_SECONDS:
-                result.wake_at(since + st.SCHEDULING_GRACE_SECONDS)
+        since = st.unscheduled_since(view.pod) if view.pod is not None else None
+        if since is not None and now < since + st.SCHEDULING_GRACE_SECONDS:
+            result.wake_at(since + st.SCHEDULING_GRACE_SECONDS)
         for old in view.stale:
             at = st.stuck_terminating_at(old)
             if at is not None and now < at:
