@@ -241,16 +241,21 @@ def test_a_quota_denial_keeps_the_job_pending_with_the_message_and_a_warning_the
     assert status["restarts"]["total"] == 0
 
 
-def test_refused_creates_back_off_per_job_in_the_worker_loop():
-    shell = Shell(mwms())
-    shell.api.refuse["mnist-chief-0"] = denied("mnist-chief-0")
+def fail_once_in_the_worker_loop(shell, failures: int) -> None:
+    """Run the controller's real workers until the job's refused reconcile has counted `failures` in all."""
     shell.queued()
     shell.controller.queue.add(shell.key, 1)
     shell.controller.start()
     try:
-        wait_for(lambda: shell.controller.queue.failures.get(shell.key) == 1, 5, "one failure counted")
+        wait_for(lambda: shell.controller.queue.failures.get(shell.key) == failures, 5, f"{failures} failure(s)")
     finally:
         shell.controller.stop()
+
+
+def test_refused_creates_back_off_per_job_in_the_worker_loop():
+    shell = Shell(mwms())
+    shell.api.refuse["mnist-chief-0"] = denied("mnist-chief-0")
+    fail_once_in_the_worker_loop(shell, failures=1)
     assert shell.controller.queue.due[(shell.key, 1)] == T0 + 1  # the first backoff step, not a tight loop
 
 
@@ -314,13 +319,7 @@ def test_a_name_still_in_use_is_looked_at_again_within_seconds_not_minutes():
     held = {"name": "mnist", "ownerReferences": [{"uid": "old"}], "deletionTimestamp": "2027-01-01T00:00:00Z"}
     shell.api.others[("Service", "mnist")] = {"kind": "Service", "metadata": held}
     shell.controller.queue.failures[shell.key] = 20  # long past the default cap
-    shell.queued()
-    shell.controller.queue.add(shell.key, 1)
-    shell.controller.start()
-    try:
-        wait_for(lambda: shell.controller.queue.failures.get(shell.key) == 21, 5, "the failure counted")
-    finally:
-        shell.controller.stop()
+    fail_once_in_the_worker_loop(shell, failures=21)
     assert shell.controller.queue.due[(shell.key, 1)] == T0 + 10
 
 
