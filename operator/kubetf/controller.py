@@ -266,7 +266,7 @@ class Controller:
                 self.store.remove_pod(key, name, uid)
                 self.expectations.observe(key, name, uid, gone=True)
         if plan.force_delete:
-            for pod in self.kube.delete_pods(plan.force_delete, force=True):
+            for pod in self.kube.delete_pods(plan.force_delete, grace_seconds=0):
                 self.store.remove_pod(key, pod["metadata"]["name"], pod["metadata"]["uid"])
         created: list[dict[str, Any]] = []
         failed: Exception | None = None

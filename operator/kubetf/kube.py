@@ -345,20 +345,18 @@ class Kube:
         except Exception as error:  # reported by create_batched, raised by its caller
             return error
 
-    def delete_pods(self, pods: list[Obj], force: bool = False, grace_seconds: int | None = None) -> list[Obj]:
+    def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> list[Obj]:
         """Delete these pods; returns those that were already gone."""
-        deleted = self.pool.map(lambda pod: self.delete_pod(pod, force, grace_seconds), pods)
+        deleted = self.pool.map(lambda pod: self.delete_pod(pod, grace_seconds), pods)
         return [pod for pod, done in zip(pods, deleted, strict=True) if not done]
 
-    def delete_pod(self, pod: Obj, force: bool = False, grace_seconds: int | None = None) -> bool:
+    def delete_pod(self, pod: Obj, grace_seconds: int | None = None) -> bool:
         """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint unless
-        `grace_seconds` shortens it, or at once (`force`: its node is lost and will never confirm). False when it
+        `grace_seconds` shortens it (0: at once, for a pod on a lost node that will never confirm). False when it
         was already gone."""
         meta = pod["metadata"]
         body: Obj = {"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else {}
-        if force:
-            body["gracePeriodSeconds"] = 0
-        elif grace_seconds is not None:
+        if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         try:
             self._call("delete", "pods", self.core.delete_namespaced_pod, meta["name"], meta["namespace"], body=body)

@@ -167,16 +167,15 @@ class FakeApi:
             result.created.append(copy.deepcopy(pod))
         return result
 
-    def delete_pods(self, pods, force: bool = False, grace_seconds: int | None = None) -> list[dict]:
+    def delete_pods(self, pods, grace_seconds: int | None = None) -> list[dict]:
         gone = []
         for pod in pods:
-            shown = "force delete Pod" if force else "delete Pod"
-            self.calls.append(shown if grace_seconds is None else f"{shown} grace {grace_seconds}")
+            self.calls.append("delete Pod" if grace_seconds is None else f"delete Pod grace {grace_seconds}")
             current = self.pods.get(pod["metadata"]["name"])
             if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
                 gone.append(pod)
                 continue
-            if force:
+            if grace_seconds == 0:  # as for a pod whose node is lost: gone at once
                 self.remove_pod(current["metadata"]["name"])
                 continue
             # As the API server does: the deadline for the kubelet's SIGKILL, and the grace period it came from.
@@ -186,8 +185,8 @@ class FakeApi:
             self.update_pod(current["metadata"]["name"])
         return gone
 
-    def delete_pod(self, pod: dict, force: bool = False, grace_seconds: int | None = None) -> bool:
-        return not self.delete_pods([pod], force, grace_seconds)
+    def delete_pod(self, pod: dict, grace_seconds: int | None = None) -> bool:
+        return not self.delete_pods([pod], grace_seconds)
 
     def node_lost(self, name: str) -> bool:
         self.calls.append("get Node")
