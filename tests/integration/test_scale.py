@@ -13,6 +13,9 @@ from .conftest import UNSCHEDULED, replica
 
 FOREIGN_PODS = 10_000
 MIB = 1024 * 1024
+# Each foreign pod carries this much env, so that keeping them would cost far more than the operator's own drift
+# between two settled readings (seen up to 8 MiB on a busy machine): 10,000 pods of ~5 KiB of JSON are ~50 MiB.
+FOREIGN_ENV_BYTES = 4000
 
 
 def memory(pid: int, field: str = "VmRSS") -> float:
@@ -46,26 +49,31 @@ def test_ten_thousand_foreign_pods_do_not_raise_the_operators_memory(cluster, op
         "metadata": {"labels": {"app": "someone-else", "app.kubernetes.io/managed-by": "helm"}},
         "spec": {
             "schedulerName": UNSCHEDULED,
-            "containers": [{"name": "app", "image": "example/app:1", "env": [{"name": "X", "value": "y" * 200}]}],
+            "containers": [{"name": "app", "image": "example/app:1", "env": [{"name": "X", "value": "y" * FOREIGN_ENV_BYTES}]}],
         },
     }
 
-    def create(i: int) -> None:
-        cluster.core.create_namespaced_pod(foreign, {**pod, "metadata": {**pod["metadata"], "name": f"pod-{i}"}})
+    def create(i: int) -> int:
+        created = cluster.core.create_namespaced_pod(
+            foreign, {**pod, "metadata": {**pod["metadata"], "name": f"pod-{i}"}}, _preload_content=False
+        )
+        return len(created.data)
 
     try:
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(create, range(FOREIGN_PODS)))
+        with ThreadPoolExecutor(8) as pool:  # the client's connection pool holds 10
+            stored = sum(pool.map(create, range(FOREIGN_PODS))) / MIB
         running_after, _ = settled(operator)
         # A restarted operator lists what it watches: with server-side selectors, none of these pods.
         operator.stop()
         operator.start()
         _, restarted_peak = settled(operator)
-        print(f"\nRSS: {before:.0f} MiB before, {running_after:.0f} MiB with {FOREIGN_PODS} foreign pods; "
+        print(f"\nRSS: {before:.0f} MiB before, {running_after:.0f} MiB with {FOREIGN_PODS} foreign pods "
+              f"({stored:.0f} MiB of JSON); "
               f"a started operator peaks at {started_peak:.0f} MiB without them, "
               f"{restarted_peak:.0f} MiB with them")  # fmt: skip
-        assert running_after - before <= 5
-        assert restarted_peak - started_peak <= 5
+        # Keeping (or even listing) them would cost at least their JSON: a third of it is far above the drift.
+        assert running_after - before <= stored / 3
+        assert restarted_peak - started_peak <= stored / 3
     finally:
         cluster.core.delete_namespace(foreign)
 
