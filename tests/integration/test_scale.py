@@ -49,7 +49,9 @@ def test_ten_thousand_foreign_pods_do_not_raise_the_operators_memory(cluster, op
         "metadata": {"labels": {"app": "someone-else", "app.kubernetes.io/managed-by": "helm"}},
         "spec": {
             "schedulerName": UNSCHEDULED,
-            "containers": [{"name": "app", "image": "example/app:1", "env": [{"name": "X", "value": "y" * FOREIGN_ENV_BYTES}]}],
+            "containers": [
+                {"name": "app", "image": "example/app:1", "env": [{"name": "X", "value": "y" * FOREIGN_ENV_BYTES}]}
+            ],
         },
     }
 
