@@ -46,6 +46,10 @@ MANAGED_PODS_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
 
 TRAINING_CONTAINER = "tensorflow"
 GPU_RESOURCE = "nvidia.com/gpu"
+# Kueue's queue label, as on every Kueue job type (kubetf/kueue.py). Its value names a LocalQueue: a DNS-1123
+# subdomain, which the chart's ValidatingAdmissionPolicy checks at apply time (CEL in a CRD cannot read labels).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+_QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 Job = dict[str, Any]
 
@@ -182,7 +186,22 @@ def cluster_problems(document: Any) -> list[Problem]:
     job = with_defaults(document)
     problems = _schema_problems(job)
     problems += [p for p in _cel_problems(job) if p not in problems]
+    problems += _queue_label_problems(job)
     return sorted(set(problems), key=lambda p: (p.path, p.message))
+
+
+def _queue_label_problems(job: Job) -> list[Problem]:
+    """The chart's ValidatingAdmissionPolicy (queue-name-policy.yaml), offline."""
+    queue = ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+    if queue is None or (len(queue) <= 253 and _QUEUE_NAME.match(queue)):
+        return []
+    return [
+        Problem(
+            f"metadata.labels[{QUEUE_LABEL}]",
+            f"{queue!r} is not a LocalQueue name: lowercase letters, digits, '-' and '.', starting and ending with "
+            "a letter or digit. Use the name of a LocalQueue in the job's namespace (kubectl get localqueues)",
+        )
+    ]
 
 
 def operator_problems(job: Job) -> list[Problem]:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kubetf import api
+from kubetf import api, kueue
 from kubetf.api import Job
 
 # Enough for one training step plus a checkpoint save after SIGTERM (PreemptionCheckpointHandler).
@@ -162,6 +162,13 @@ def desired_pod(job: Job, role: str, index: int, attempt: int = 0) -> dict[str, 
     metadata["labels"] = dict(template_meta.get("labels") or {}) | pod_labels(job, role, index, attempt)
     if template_meta.get("annotations"):
         metadata["annotations"] = dict(template_meta["annotations"])
+    # A queued job's pods form one Kueue pod group (kubetf.kueue): admitted, and preempted, all together.
+    queue_labels, queue_annotations = kueue.pod_metadata(job)
+    metadata["labels"] |= queue_labels
+    if queue_annotations:
+        metadata["annotations"] = metadata.get("annotations", {}) | queue_annotations
+    if spec.get("priorityClassName"):
+        pod_spec["priorityClassName"] = spec["priorityClassName"]
 
     # The operator owns restarts: pods never restart in place, so group restarts and counting are possible.
     pod_spec["restartPolicy"] = "Never"

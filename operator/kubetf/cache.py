@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from kubetf import api, policy
+from kubetf import api, kueue, policy
 from kubetf import status as st
 
 Key = tuple[str, str]  # (namespace, name)
@@ -61,9 +61,17 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     ]
     if controller:
         slim_meta["ownerReferences"] = controller[:1]  # tells a previous job's pods from this one's
+    # Kueue's marks (kubetf.kueue): its finalizer, the retriable-in-group annotation, its admission gate.
+    if kueue.FINALIZER in (meta.get("finalizers") or []):
+        slim_meta["finalizers"] = [kueue.FINALIZER]
+    retriable = (meta.get("annotations") or {}).get(kueue.RETRIABLE_ANNOTATION)
+    if retriable is not None:
+        slim_meta["annotations"] = {kueue.RETRIABLE_ANNOTATION: retriable}
     slim_spec: Obj = {"containers": [{"name": c.get("name")} for c in spec.get("containers") or []]}
     if spec.get("nodeName"):
         slim_spec["nodeName"] = spec["nodeName"]
+    if any(g.get("name") == kueue.GATE for g in spec.get("schedulingGates") or []):
+        slim_spec["schedulingGates"] = [{"name": kueue.GATE}]
     slim_status = {
         k: status[k]
         for k in ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses")
@@ -87,6 +95,8 @@ def pod_signature(pod: Obj) -> tuple[Any, ...]:
         st.is_ready(pod),
         st.pending_reason(pod),
         policy.disruption_reason(pod),
+        kueue.is_gated(pod),
+        (pod.get("metadata") or {}).get("finalizers"),
     )
 
 

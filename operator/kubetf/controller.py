@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubetf import api, metrics, reconcile, sigterm
+from kubetf import api, kueue, metrics, reconcile, sigterm
 from kubetf import status as st
 from kubetf.cache import Key, Store
 from kubetf.config import OperatorConfig
@@ -34,6 +34,7 @@ AUDIT_AFTER_START = 20.0  # seconds: the watches have listed by then
 NODE_STATE_SECONDS = 5.0  # how long a node's Ready state read from the API serves every job with pods there
 # A previous job's Service or PVC is usually garbage-collected within seconds: look again soon, not after 5 minutes.
 NAME_IN_USE_RECHECK = 10.0
+LOCAL_QUEUE_SECONDS = 30.0  # how long a LocalQueue read from the API (its ClusterQueue, or its absence) serves
 
 
 class Controller:
@@ -46,6 +47,8 @@ class Controller:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.node_states: dict[str, tuple[float, bool]] = {}  # node -> (read at, lost)
+        # (namespace, LocalQueue) -> (read at, Kueue installed, its ClusterQueue or None)
+        self.local_queues: dict[tuple[str, str], tuple[float, bool, str | None]] = {}
         self.sigterm_watch: dict[Key, dict[str, sigterm.Watched]] = {}  # pods sent SIGTERM, by uid
         self.threads: list[threading.Thread] = []
         self.audit_on_list = False  # set once the audit after the start is done: later lists are re-lists
@@ -226,12 +229,16 @@ class Controller:
         job = self.store.job(key)
         if job is None or job["metadata"].get("deletionTimestamp"):
             self._record_phase(key, None)
+            self._let_kueue_finish(key)
             return None
+        if not kueue.managed_here(job):
+            return None  # MultiKueue's (spec.managedBy): the cluster it dispatches to runs it
         pods = self.store.job_pods(key)
         now = self.clock()
         original = job.get("status") or {}
         lost_nodes = self._lost_nodes(pods, now)
-        plan = reconcile.plan(job, pods, now, lost_nodes)
+        admission = self._admission(job, pods, now)
+        plan = reconcile.plan(job, pods, now, lost_nodes, admission)
         refusal = None
         trial = reconcile.dry_run_objects(plan)
         if trial:  # a new job: nothing is created unless all of it would be
@@ -244,6 +251,8 @@ class Controller:
             posted = self._post(job, plan.events, posted)
             job = self._write_status(job, stored, plan.status)
             stored = plan.status
+        if plan.unretriable:  # before the deletions: Kueue must never take the group's end for a lost pod
+            self.kube.mark_unretriable(plan.unretriable)
         reachable = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in lost_nodes]
         # Does the program act on SIGTERM? One member is sent it first, the rest wait for the answer (kubetf.sigterm).
         watched = self._watch_sigterms(key, job, reachable, now)
@@ -268,6 +277,8 @@ class Controller:
         if plan.force_delete:
             for pod in self.kube.delete_pods(plan.force_delete, grace_seconds=0):
                 self.store.remove_pod(key, pod["metadata"]["name"], pod["metadata"]["uid"])
+        if plan.release:
+            self.kube.release_pods(plan.release)  # their DELETED events bring the job back for the replacements
         created: list[dict[str, Any]] = []
         failed: Exception | None = None
         more_to_create = False
@@ -295,6 +306,39 @@ class Controller:
         if refusal is not None and refusal.cause != reconcile.INVALID:
             raise Refused(refusal)  # recorded and reported; retried with this job's backoff
         return plan
+
+    def _admission(self, job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> kueue.Admission | None:
+        """What Kueue says of a queued job that has not ended: its LocalQueue (cached) and its group's Workload."""
+        queue = kueue.queue_name(job)
+        suspended = ((job.get("spec") or {}).get("runPolicy") or {}).get("suspend")
+        if queue is None or suspended or (job.get("status") or {}).get("phase") in st.FINISHED:
+            return None
+        namespace = api.namespace(job)
+        with self.lock:
+            read_at, installed, cluster_queue = self.local_queues.get(
+                (namespace, queue), (-LOCAL_QUEUE_SECONDS, True, None)
+            )
+        if now - read_at >= LOCAL_QUEUE_SECONDS:
+            installed, cluster_queue = self.kube.local_queue(namespace, queue)
+            with self.lock:
+                self.local_queues[(namespace, queue)] = (now, installed, cluster_queue)
+        if not installed or cluster_queue is None:
+            return kueue.Admission(queue, cluster_queue, installed)
+        workload = self.kube.workload(namespace, kueue.group_name(job))
+        return kueue.Admission(queue, cluster_queue, installed, workload)
+
+    def _let_kueue_finish(self, key: Key) -> None:
+        """A deleted job's pods go with it (garbage collection): with Kueue's finalizer they would stay, and hold
+        the quota, until Kueue finishes their group. Mark them so, and release those that run nothing."""
+        pods = [p for p in self.store.job_pods(key) if kueue.FINALIZER in (p["metadata"].get("finalizers") or [])]
+        if not pods:
+            return
+        unretriable = kueue.needs_unretriable(pods)
+        if unretriable:
+            self.kube.mark_unretriable(unretriable)
+        release = kueue.to_release(pods, self._lost_nodes(pods, self.clock()), ending=True)
+        if release:
+            self.kube.release_pods(release)
 
     def _lost_nodes(self, pods: list[dict[str, Any]], now: float) -> frozenset[str]:
         """Which nodes of pods being deleted or not ready have stopped reporting (NotReady, Unknown, gone)."""

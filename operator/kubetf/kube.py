@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api, metrics
+from kubetf import api, kueue, metrics
 from kubetf.reconcile import DENIED, INVALID, NAME_IN_USE, Refusal
 
 log = logging.getLogger("kubetf.kube")
@@ -365,6 +365,73 @@ class Kube:
                 return False
             raise
         return True
+
+    # ------------------------------------------------------------------ Kueue (kubetf.kueue)
+
+    def mark_unretriable(self, pods: list[Obj]) -> None:
+        """Tell Kueue these pods will not be replaced: their group's Workload finishes once none runs."""
+        patch = {"metadata": {"annotations": {kueue.RETRIABLE_ANNOTATION: "false"}}}
+        list(self.pool.map(lambda pod: self._patch_pod(pod, patch), pods))
+
+    def release_pods(self, pods: list[Obj]) -> None:
+        """Remove Kueue's finalizer from these deleted pods (they run nothing any more), so that they are gone."""
+        list(self.pool.map(self._release, pods))
+
+    def _release(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        for _attempt in range(3):
+            finalizers = meta.get("finalizers") or []
+            if kueue.FINALIZER not in finalizers:
+                return
+            at = finalizers.index(kueue.FINALIZER)
+            # The uid and the finalizer's place are tested: never another pod of that name, never another entry.
+            patch = [
+                {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+                {"op": "test", "path": f"/metadata/finalizers/{at}", "value": kueue.FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{at}"},
+            ]
+            try:
+                self._patch_pod(pod, patch)
+                return
+            except ApiException as error:
+                if error.status not in (409, 422):  # 422: a test failed: the list changed, read it again
+                    raise
+            fresh = self.get_pod(meta["namespace"], meta["name"])
+            if fresh is None or fresh["metadata"].get("uid") != meta["uid"]:
+                return
+            meta = fresh["metadata"]
+
+    def _patch_pod(self, pod: Obj, patch: Any) -> None:
+        meta = pod["metadata"]
+        try:
+            self._call("patch", "pods", self.core.patch_namespaced_pod, meta["name"], meta["namespace"], patch)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def local_queue(self, namespace: str, name: str) -> tuple[bool, str | None]:
+        """(whether the cluster has Kueue's API, the LocalQueue's ClusterQueue or None when there is no such queue)."""
+        try:
+            queue = self._call(
+                "get", "localqueues", self.custom.get_namespaced_custom_object,
+                kueue.GROUP, kueue.VERSION, namespace, "localqueues", name,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            # A missing object is a Status naming it; a missing API is a bare "404 page not found".
+            try:
+                details = json.loads(error.body or "{}").get("details")
+            except ValueError:
+                details = None
+            return bool(details), None
+        return True, str((queue.get("spec") or {}).get("clusterQueue") or "") or None
+
+    def workload(self, namespace: str, name: str) -> Obj | None:
+        return self._get(
+            "workloads", self.custom.get_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace, "workloads",
+            name,
+        )  # fmt: skip
 
     def node_lost(self, name: str) -> bool:
         """The node is gone, or its Ready condition is not True (NotReady, or Unknown: it stopped reporting)."""

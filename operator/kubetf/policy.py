@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from kubetf import api
+from kubetf import api, kueue
 from kubetf.api import Job
 
 Task = tuple[str, int]
@@ -68,7 +68,11 @@ def classify_signal(signal_number: int, restart_policy: str) -> Termination:
 
 
 def disruption_reason(pod: dict[str, Any]) -> str | None:
-    """Why a pod is being taken away from outside (preemption, eviction, node shutdown), or None."""
+    """Why a pod is being taken away from outside (Kueue's preemption or eviction, the scheduler's preemption, an
+    eviction, a node shutdown), or None."""
+    stopped_by_kueue = kueue.termination_target(pod)
+    if stopped_by_kueue:
+        return stopped_by_kueue
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":

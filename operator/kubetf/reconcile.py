@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetf import api, builders, policy
+from kubetf import api, builders, kueue, policy
 from kubetf import status as st
 from kubetf.api import Job
 from kubetf.policy import Outcome, Termination
@@ -39,6 +39,10 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     requeue_at: float | None = None
     delete_job: bool = False
+    admission: kueue.Admission | None = None  # a queued job's admission by Kueue, as read before planning
+    # Kueue's pod groups (kubetf.kueue): pods whose Kueue finalizer is removed, pods marked not to be replaced.
+    release: list[Pod] = field(default_factory=list)
+    unretriable: list[Pod] = field(default_factory=list)
 
     def wake_at(self, when: float | None) -> None:
         if when is not None and (self.requeue_at is None or when < self.requeue_at):
@@ -48,20 +52,35 @@ class Plan:
 # While a pod is being deleted on a node, its node is looked at again this often: a node that stopped reporting
 # sends no event of its own.
 NODE_CHECK_SECONDS = 10
+# A queued job's condition carries Kueue's words about its Workload, which send no event to the operator: read again
+# this often while the job waits.
+QUEUED_RECHECK_SECONDS = 30
+# A resumed job waits for Kueue to drop the previous run's finished Workload (the pods' garbage collection): seconds.
+FINISHED_WORKLOAD_RECHECK_SECONDS = 2
 
 
-def plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str] = frozenset()) -> Plan:
-    """`lost_nodes`: the nodes of the job's pods that are NotReady, unreachable or gone (read by the caller)."""
-    result = _plan(stored, pods, now, lost_nodes)
+def plan(
+    stored: Job,
+    pods: list[Pod],
+    now: float,
+    lost_nodes: frozenset[str] = frozenset(),
+    admission: kueue.Admission | None = None,
+) -> Plan:
+    """`lost_nodes`: the nodes of the job's pods that are NotReady, unreachable or gone; `admission`: for a job with
+    a queue label, what Kueue says of it (both read by the caller)."""
+    result = _plan(stored, pods, now, lost_nodes, admission)
     _deal_with_lost_nodes(result, pods, now, lost_nodes)
+    _kueue_bookkeeping(result, pods, lost_nodes)
     return result
 
 
-def _plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str]) -> Plan:
+def _plan(
+    stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str], admission: kueue.Admission | None
+) -> Plan:
     job = api.with_defaults(stored)
     status: dict[str, Any] = copy.deepcopy(stored.get("status") or {})
     status.setdefault("restarts", {"failures": 0, "disruptions": 0, "total": 0})
-    result = Plan(job=job, status=status)
+    result = Plan(job=job, status=status, admission=admission)
     generation = stored["metadata"].get("generation")
     if generation is not None:
         status["observedGeneration"] = generation
@@ -148,16 +167,21 @@ def _plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str]) 
     elif phase == st.RESTARTING:
         _count_node_loss_as_disruption(job, views, status, lost_nodes, result, transition)
 
-    # Stale pods go first; a task's replacement is created only once no old pod of it, nor of any task it
-    # restarts together with (policy.barrier), is left.
+    # Stale pods go first; a task's replacement is created only once its old pod is gone (the name is free) and no
+    # old pod of any task it restarts together with (policy.barrier) may still run. One that runs nothing and is
+    # only kept for Kueue's bookkeeping (kueue.held) runs no old program.
     restart_after = st.parse_time(status.get("restartAfter"))
     for view in views.values():
         result.delete += [p for p in view.stale if not st.is_deleting(p)]
-    terminating = {(v.role, v.index) for v in views.values() if v.stale}
+    terminating = {(v.role, v.index) for v in views.values() if any(not kueue.held(p, lost_nodes) for p in v.stale)}
+    old_workload = _previous_runs_workload(admission, pods)
     for view in views.values():
-        if view.state != WAITING or view.pod is not None:
+        if view.state != WAITING or view.pod is not None or view.stale:
             continue
         if terminating and any(task in terminating for task in policy.barrier(job, view.role, view.index)):
+            continue
+        if old_workload:
+            result.wake_at(now + FINISHED_WORKLOAD_RECHECK_SECONDS)
             continue
         if restart_after is not None and now < restart_after:
             result.wake_at(restart_after)
@@ -168,6 +192,9 @@ def _plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str]) 
         status.pop("restartAfter", None)
     if result.create:
         result.ensure = [o for o in (builders.desired_pvc(job), builders.desired_service(job)) if o is not None]
+        if admission is not None and not admission.installed and phase in (None, st.PENDING):
+            reason, message = admission.waiting(job)
+            result.events.append(Event("Warning", reason, message + "; its pods run without queueing"))
 
     _startup_timeout(job, views, status, now, result, transition)
     if status.get("phase") != st.FAILED:
@@ -176,8 +203,17 @@ def _plan(stored: Job, pods: list[Pod], now: float, lost_nodes: frozenset[str]) 
         _finish(job, pods, status, now, result)
         return result
 
-    _derive_phase(job, views, phase, status, transition, now)
+    _derive_phase(job, views, phase, status, transition, now, admission)
+    if status.get("phase") == st.QUEUED:
+        result.wake_at(now + QUEUED_RECHECK_SECONDS)
     return result
+
+
+def _previous_runs_workload(admission: kueue.Admission | None, pods: list[Pod]) -> bool:
+    """A resumed job's group still names the finished Workload of its run before the suspension until Kueue's
+    pods are gone and it is garbage-collected: pods created meanwhile would join a finished Workload, never to
+    be admitted."""
+    return admission is not None and admission.finished and not pods
 
 
 def after_creation(plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], now: float) -> dict[str, Any]:
@@ -195,7 +231,13 @@ def after_creation(plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], 
     views, _ = st.observe(job_with_status, [*pods, *created])
     generation = job["metadata"].get("generation")
     _derive_phase(
-        job, views, status.get("phase"), status, lambda p, r, m, *_: _set(status, p, r, m, now, generation), now
+        job,
+        views,
+        status.get("phase"),
+        status,
+        lambda p, r, m, *_: _set(status, p, r, m, now, generation),
+        now,
+        plan_.admission,
     )
     return status
 
@@ -256,7 +298,11 @@ def _restart(
     restarts["lastKind"] = "Disruption" if disrupted else "Failure"
     restarts["lastTime"] = st.format_time(now)
     targets: list[tuple[str, int]] = []
-    for view, _termination in ended:
+    # Kueue stops the whole group at once (preemption, eviction): every task not finished restarts, and the
+    # deletions of the others, seen in later reconciles, are not counted again.
+    stopped_by_kueue = any(v.pod is not None and kueue.termination_target(v.pod) for v, _ in ended)
+    everything = [(v, None) for v in views.values() if v.state != COMPLETED] if stopped_by_kueue else []
+    for view, _termination in [*ended, *everything]:
         targets += [t for t in policy.restart_targets(job, view.role, view.index) if t not in targets]
     for role, index in targets:
         view = views[st.task_key(role, index)]  # a finished one too: the new group needs it (restart_targets)
@@ -330,6 +376,19 @@ def _deal_with_lost_nodes(result: Plan, pods: list[Pod], now: float, lost_nodes:
         result.wake_at(now + NODE_CHECK_SECONDS)
 
 
+def _kueue_bookkeeping(result: Plan, pods: list[Pod], lost_nodes: frozenset[str]) -> None:
+    """Kueue's side of the plan (see kubetf.kueue): a job that ends marks its pods not to be replaced, so Kueue
+    finishes its Workload and releases the quota; deleted pods that run nothing lose Kueue's finalizer, so their
+    names are free for replacements and an ending job's pods are gone at once."""
+    ending = result.status.get("phase") in (*st.FINISHED, st.SUSPENDED) or result.delete_job
+    if ending:
+        result.unretriable = kueue.needs_unretriable(pods)
+    group = kueue.group_name(result.job)
+    ours = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(kueue.GROUP_LABEL) == group]
+    others = [p for p in pods if p not in ours]  # a previous job's of the same name: its group has ended
+    result.release = kueue.to_release(ours, lost_nodes, ending) + kueue.to_release(others, lost_nodes, True)
+
+
 def _store_tasks(status: dict[str, Any], views: dict[str, TaskView]) -> None:
     status["tasks"] = {key: {"attempt": v.attempt, "state": v.state} for key, v in views.items()}
     status["replicaStatuses"] = st.replica_statuses(views)
@@ -351,9 +410,14 @@ def _derive_phase(
     status: dict[str, Any],
     transition: Any,
     now: float,
+    admission: kueue.Admission | None = None,
 ) -> None:
     _store_tasks(status, views)
     running = all(v.state == COMPLETED or (v.pod is not None and st.is_started(v.pod)) for v in views.values())
+    if not running and _queued(views, admission):
+        reason, message = admission.waiting(job) if admission else ("Queued", "waiting for Kueue to admit the pods")
+        transition(st.QUEUED, reason, message, "Normal" if reason == "Queued" else "Warning")
+        return
     if running:
         total = len(views)
         done = sum(1 for v in views.values() if v.state == COMPLETED)
@@ -380,6 +444,16 @@ def _derive_phase(
         transition(st.RESTARTING, reason, message, event_type)
         return
     transition(st.PENDING, reason, message, event_type)
+
+
+def _queued(views: dict[str, TaskView], admission: kueue.Admission | None) -> bool:
+    """Waiting for Kueue: a pod of the job still gated while its Workload is not admitted. Replacements in an
+    admitted group are ungated by Kueue within moments: a restart keeps its admission and never shows Queued."""
+    if admission is not None and admission.installed and admission.cluster_queue is None:
+        return True  # Kueue cannot admit it: say why, whatever the pods show
+    if admission is not None and admission.admitted:
+        return False
+    return any(v.pod is not None and kueue.is_gated(v.pod) for v in views.values())
 
 
 def _wake_when_waits_turn_into_warnings(views: dict[str, TaskView], now: float, result: Plan) -> None:

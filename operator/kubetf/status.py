@@ -15,8 +15,9 @@ from kubetf.api import Job
 
 Pod = dict[str, Any]
 
-PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED = (
+PENDING, QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED = (
     "Pending",
+    "Queued",
     "Running",
     "Restarting",
     "Succeeded",

@@ -10,7 +10,7 @@ import copy
 import itertools
 from typing import Any
 
-from kubetf import api, reconcile
+from kubetf import api, kueue, reconcile
 from kubetf import status as st
 from kubetf.kube import Creation, Refused
 
@@ -30,6 +30,9 @@ class FakeApi:
         self.logs: dict[str, str] = {}  # pod name -> what its training container printed
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
+        # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue) and Workloads (by name).
+        # Its webhook gates and finalizes queued pods at creation; the tests play its controller (admission, eviction).
+        self.kueue: dict[str, dict[str, Any]] | None = None
 
     # --------------------------------------------------------------- watch
 
@@ -161,6 +164,9 @@ class FakeApi:
             pod["metadata"]["uid"] = f"uid-{next(self.uids)}"
             pod["metadata"]["creationTimestamp"] = st.format_time(self.clock())
             pod["status"] = {"phase": "Pending"}
+            if self.kueue is not None and kueue.QUEUE_LABEL in pod["metadata"]["labels"]:
+                pod["spec"]["schedulingGates"] = [{"name": kueue.GATE}]
+                pod["metadata"]["finalizers"] = [kueue.FINALIZER]
             self._bump(pod)
             self.pods[name] = pod
             self._emit("pods", "ADDED", pod)
@@ -175,7 +181,7 @@ class FakeApi:
             if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
                 gone.append(pod)
                 continue
-            if grace_seconds == 0:  # as for a pod whose node is lost: gone at once
+            if grace_seconds == 0 and not current["metadata"].get("finalizers"):  # a lost node's pod: gone at once
                 self.remove_pod(current["metadata"]["name"])
                 continue
             # As the API server does: the deadline for the kubelet's SIGKILL, and the grace period it came from.
@@ -187,6 +193,37 @@ class FakeApi:
 
     def delete_pod(self, pod: dict, grace_seconds: int | None = None) -> bool:
         return not self.delete_pods([pod], grace_seconds)
+
+    def mark_unretriable(self, pods) -> None:
+        for pod in pods:
+            self.calls.append("mark unretriable")
+            current = self.pods.get(pod["metadata"]["name"])
+            if current is not None and current["metadata"]["uid"] == pod["metadata"]["uid"]:
+                current["metadata"].setdefault("annotations", {})[kueue.RETRIABLE_ANNOTATION] = "false"
+                self.update_pod(current["metadata"]["name"])
+
+    def release_pods(self, pods) -> None:
+        for pod in pods:
+            self.calls.append("release")
+            current = self.pods.get(pod["metadata"]["name"])
+            if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+                continue
+            current["metadata"]["finalizers"] = [f for f in current["metadata"]["finalizers"] if f != kueue.FINALIZER]
+            if current["metadata"].get("deletionTimestamp") and not current["metadata"]["finalizers"]:
+                self.remove_pod(current["metadata"]["name"])
+            else:
+                self.update_pod(current["metadata"]["name"])
+
+    def local_queue(self, namespace: str, name: str) -> tuple[bool, str | None]:
+        self.calls.append("get LocalQueue")
+        if self.kueue is None:
+            return False, None
+        return True, self.kueue["queues"].get(name)
+
+    def workload(self, namespace: str, name: str) -> dict | None:
+        self.calls.append("get Workload")
+        found = (self.kueue or {}).get("workloads", {}).get(name)
+        return copy.deepcopy(found) if found else None
 
     def node_lost(self, name: str) -> bool:
         self.calls.append("get Node")

@@ -33,10 +33,12 @@ OPERATOR_PERMISSIONS = {
     *(("kubetf.io", "trainingjobs/status", verb) for verb in ("get", "patch", "update")),
     ("kubetf.io", "trainingjobs/finalizers", "update"),
     *(("", "pods", verb) for verb in ("get", "list", "watch", "create", "delete")),
+    ("", "pods", "patch"),  # Kueue's pod groups: retriable-in-group=false at the end, its finalizer off replaced pods
     ("", "pods/log", "get"),  # TensorFlow's "SIGTERM caught at" line: the program ignores the SIGTERM
     *(("", "services", verb) for verb in ("get", "list", "create")),
     *(("", "persistentvolumeclaims", verb) for verb in ("get", "list", "create")),
     *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),
+    *(("kueue.x-k8s.io", resource, "get") for resource in ("localqueues", "workloads")),  # where a queued job waits
 }
 # kopf's own, cluster-wide: it watches CRDs, and with explicit namespaces also Namespace objects.
 KOPF_CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
@@ -205,9 +207,14 @@ def test_manifests_namespace_enforces_restricted() -> None:
     # kubectl applies a directory in file name order: the namespace comes first.
     first = sorted((MANIFESTS / "operator").glob("*.yaml"))[0]
     assert [d["kind"] for d in yaml.safe_load_all(first.read_text()) if d] == ["Namespace"]
-    namespaced = [
-        o for o in installed_by_kubectl() if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding")
-    ]
+    cluster_scoped = (
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    )
+    namespaced = [o for o in installed_by_kubectl() if o["kind"] not in cluster_scoped]
     assert namespaced and all(o["metadata"]["namespace"] == NAMESPACE for o in namespaced)
 
 
@@ -276,7 +283,11 @@ def test_namespaced_watching_gets_roles_and_flags(helm: str) -> None:
 
 def test_rbac_can_be_left_out(helm: str) -> None:
     objects = template(helm, "--set", "rbac.create=false", "--set", "serviceAccount.create=false")
-    assert {o["kind"] for o in objects} == {"Deployment"}
+    assert {o["kind"] for o in objects} == {
+        "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "default"
 
 

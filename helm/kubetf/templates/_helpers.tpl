@@ -68,9 +68,11 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 - apiGroups: [kubetf.io]
   resources: [trainingjobs/finalizers]
   verbs: [update]
+# patch: Kueue's pod groups (kubetf/kueue.py): a finished group is marked retriable-in-group=false, and Kueue's
+# finalizer leaves the deleted pods the operator replaces by name.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, delete, patch]
 # The log of a pod sent SIGTERM, from then on: TensorFlow's "SIGTERM caught at" line says the program ignores it,
 # so the rest of the group is stopped at once instead of training on for its grace period (kubetf/sigterm.py).
 - apiGroups: [""]
@@ -79,6 +81,10 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 - apiGroups: [""]
   resources: [services, persistentvolumeclaims]
   verbs: [get, list, create]
+# Kueue: a queued job's LocalQueue and Workload, read to say where and why it waits.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [localqueues, workloads]
+  verbs: [get]
 # Events on TrainingJobs, from the operator and from kopf.
 - apiGroups: ["", events.k8s.io]
   resources: [events]

@@ -1,0 +1,184 @@
+"""Kueue's plain-pod groups: what a queued job's pods carry, what Kueue's marks on them mean, and how the
+operator's restarts keep the job's admission. Pure functions.
+
+Kueue (kueue.x-k8s.io, checked against v0.19's pkg/controller/jobs/pod) admits pods another controller creates
+when they carry a LocalQueue and a group: its webhook gates each pod, builds one Workload for the group once all
+of its pods exist, and ungates them when the Workload is admitted; pods created later while it stays admitted are
+ungated too. The protocol the operator follows (README, "On a Kueue-managed cluster"):
+
+- every pod of a job labelled with a LocalQueue carries the queue, the job's group (its name and uid: stable
+  across restarts, never shared with a previous job of the same name) and the group's size, every replica of
+  every role; `spec.priorityClassName` becomes the pods' PriorityClass, the label `kueue.x-k8s.io/priority-class`
+  (a WorkloadPriorityClass) is copied;
+- Kueue preempts or evicts by marking every pod `TerminationTarget` and deleting them: a disruption of the whole
+  job, which is then Queued again with new (gated) pods in the same group;
+- Kueue keeps its finalizer on a finished pod until a replacement exists, but a replacement of the same name can
+  exist only once the old pod is gone: the operator removes that finalizer from its own deleted pods once they
+  run nothing, as Kueue's StatefulSet integration does. It keeps one while no other pod of the group exists: the
+  group's Workload, and so its admission, lives as long as one of its pods does;
+- at the end (success, failure, suspension, deletion) every pod gets `retriable-in-group: "false"`: Kueue then
+  finishes the Workload and releases its quota as soon as no pod runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubetf import api
+from kubetf.api import Job
+
+Pod = dict[str, Any]
+
+QUEUE_LABEL = api.QUEUE_LABEL
+GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
+FINALIZER = "kueue.x-k8s.io/managed"
+GATE = "kueue.x-k8s.io/admission"
+TERMINATION_TARGET = "TerminationTarget"  # the pod condition Kueue sets on every pod it stops
+GROUP = "kueue.x-k8s.io"
+VERSION = "v1beta2"
+
+# spec.managedBy: unset or ours means this operator; MultiKueue dispatches the job to a worker cluster instead.
+MANAGED_BY_OPERATOR = "kubetf.io/operator"
+MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+
+
+def queue_name(job: Job) -> str | None:
+    return ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL) or None
+
+
+def managed_here(job: Job) -> bool:
+    return (job.get("spec") or {}).get("managedBy") in (None, "", MANAGED_BY_OPERATOR)
+
+
+def group_name(job: Job) -> str:
+    """The job's pod group, which names its Workload: the job's name and the start of its uid (a label value)."""
+    uid = job["metadata"].get("uid", "")[:8]
+    return f"{api.name(job)[: 62 - len(uid)]}-{uid}"
+
+
+def group_size(job: Job) -> int:
+    return len(api.tasks(job))
+
+
+def pod_metadata(job: Job) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations that put a queued job's pod in its group; nothing for a job without a queue."""
+    queue = queue_name(job)
+    if queue is None:
+        return {}, {}
+    labels = {QUEUE_LABEL: queue, GROUP_LABEL: group_name(job)}
+    priority = (job["metadata"].get("labels") or {}).get(PRIORITY_LABEL)
+    if priority:
+        labels[PRIORITY_LABEL] = priority
+    return labels, {TOTAL_ANNOTATION: str(group_size(job))}
+
+
+def is_gated(pod: Pod) -> bool:
+    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def termination_target(pod: Pod) -> str | None:
+    """Why Kueue is stopping the pod (preempted, evicted, its Workload deleted), or None."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == TERMINATION_TARGET and condition.get("status") == "True":
+            reason = condition.get("reason") or "Stopped"
+            return f"{reason} by Kueue: {condition.get('message', '')}".rstrip(": ")
+    return None
+
+
+def _finalized_by_kueue(pod: Pod) -> bool:
+    return FINALIZER in ((pod.get("metadata") or {}).get("finalizers") or [])
+
+
+def held(pod: Pod, lost_nodes: frozenset[str]) -> bool:
+    """Deleted, running nothing (finished, never placed on a node, or on a node that is gone), and kept only for
+    Kueue's bookkeeping by its finalizer."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if not meta.get("deletionTimestamp") or not _finalized_by_kueue(pod):
+        return False
+    node = (pod.get("spec") or {}).get("nodeName")
+    return status.get("phase") in ("Succeeded", "Failed") or not node or node in lost_nodes
+
+
+def to_release(pods: list[Pod], lost_nodes: frozenset[str], ending: bool) -> list[Pod]:
+    """The held pods whose finalizer the operator removes, so that their names are free for replacements. While the
+    job goes on, one is kept when no other pod of the group would be left: the Workload must outlive the restart."""
+    releasable = sorted((p for p in pods if held(p, lost_nodes)), key=lambda p: p["metadata"]["name"])
+    if ending or not releasable or len(releasable) < len(pods):
+        return releasable
+    return releasable[1:]
+
+
+def needs_unretriable(pods: list[Pod]) -> list[Pod]:
+    """Pods of an ending job still without `retriable-in-group: "false"`: with it Kueue finishes the group's
+    Workload once no pod runs, rather than waiting for replacements that will never come."""
+    return [
+        p
+        for p in pods
+        if _finalized_by_kueue(p) and ((p["metadata"].get("annotations") or {}).get(RETRIABLE_ANNOTATION) != "false")
+    ]
+
+
+# ---------------------------------------------------------------------- admission, as the operator reads it
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the API says about a queued job's admission (read by the caller)."""
+
+    local_queue: str
+    cluster_queue: str | None  # None: no such LocalQueue in the job's namespace
+    installed: bool = True  # False: the cluster has no Kueue API at all
+    workload: dict[str, Any] | None = None  # the group's Workload; None: not created (yet)
+
+    @property
+    def admitted(self) -> bool:
+        return _condition(self.workload, "Admitted") == "True" and not self.finished
+
+    @property
+    def finished(self) -> bool:
+        return _condition(self.workload, "Finished") == "True"
+
+    def waiting(self, job: Job) -> tuple[str, str]:
+        """(reason, message) of a job whose pods wait for admission."""
+        queue = f"LocalQueue {self.local_queue}"
+        if not self.installed:
+            return "KueueNotInstalled", (
+                f"the label {QUEUE_LABEL} asks for Kueue, but the cluster has no Kueue API ({GROUP}): "
+                "install Kueue or remove the label"
+            )
+        if self.cluster_queue is None:
+            return "LocalQueueNotFound", (
+                f"{queue} does not exist in namespace {api.namespace(job)}: create it, or fix the label "
+                f"{QUEUE_LABEL} (kubectl get localqueues -n {api.namespace(job)})"
+            )
+        where = f"{queue} (ClusterQueue {self.cluster_queue})"
+        size = group_size(job)
+        if self.workload is None:
+            return "Queued", f"waiting in {where} for Kueue to admit all {size} pods"
+        words = _kueue_words(self.workload)
+        name = self.workload["metadata"]["name"]
+        return "Queued", f"waiting in {where} for Kueue to admit all {size} pods (Workload {name}){words}"
+
+
+def _condition(obj: dict[str, Any] | None, type_: str, field: str = "status") -> str | None:
+    for condition in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_:
+            return str(condition.get(field) or "")
+    return None
+
+
+def _kueue_words(workload: dict[str, Any]) -> str:
+    """Kueue's own explanation: why it was evicted, and why it is not admitted yet."""
+    parts = []
+    if _condition(workload, "Evicted") == "True":
+        parts.append(f"evicted: {_condition(workload, 'Evicted', 'message')}")
+    if _condition(workload, "QuotaReserved") == "False":
+        parts.append(_condition(workload, "QuotaReserved", "message") or "")
+    if _condition(workload, "Requeued") == "False":
+        parts.append(f"requeue: {_condition(workload, 'Requeued', 'message')}")
+    parts = [p for p in parts if p]
+    return ": " + "; ".join(parts) if parts else ""
