@@ -27,6 +27,7 @@ SCRIPT = HERE / "local-cluster.sh"
 CACHE = Path(os.environ.get("KUBETF_CACHE", str(Path.home() / ".cache" / "kubetf")))
 BIN_DIR = CACHE / "bin"
 UP_TIMEOUT = float(os.environ.get("KUBETF_CLUSTER_UP_TIMEOUT", "4800"))
+LOCAL_KUBECONFIG = Path(os.environ.get("KUBETF_CLUSTER_DIR", "/var/lib/kubetf-cluster")) / "admin.kubeconfig"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,25 @@ class KubeCluster:
             pytest.fail(f"kubectl {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
+    def install_kueue(self) -> None:
+        """Make sure Kueue runs and its webhooks answer (idempotent; a few seconds when it already does).
+
+        On the local cluster (`local` or KUBECONFIG naming its kubeconfig) this is `local-cluster.sh kueue`, which
+        builds Kueue on first use (about 11 min cold). On another cluster Kueue must already be installed
+        (`tests/cluster/kind.sh kueue`): the test fails otherwise.
+        """
+        if self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve():
+            _run_script("kueue")
+            return
+        rollout = ("-n", "kueue-system", "rollout", "status", "deployment/kueue-controller-manager", "--timeout=5s")
+        result = self.kubectl(*rollout, check=False)
+        if result.returncode != 0:
+            pytest.fail(
+                f"Kueue is not running on the cluster of KUBECONFIG={self.kubeconfig} (kind: tests/cluster/kind.sh "
+                f"kueue):\n{result.stderr}",
+                pytrace=False,
+            )
+
 
 def wait_for(predicate: Any, timeout: float = 15.0, what: str = "condition", interval: float = 0.05) -> Any:
     """Poll until `predicate()` is truthy and return it; fail the test with the last value seen."""
@@ -74,10 +94,19 @@ def _add_bin_dir_to_path() -> None:
 
 def _run_up() -> str:
     """Run `local-cluster.sh up`, echoing its progress lines; return the kubeconfig path it exports."""
+    lines = _run_script("up")
+    for line in lines:
+        if line.startswith("export KUBECONFIG="):
+            return line.split("=", 1)[1].strip()
+    pytest.fail("local-cluster.sh up did not print the KUBECONFIG to use:\n" + "".join(lines[-30:]), pytrace=False)
+
+
+def _run_script(*args: str) -> list[str]:
+    """Run `local-cluster.sh ARGS...`, echoing its progress lines; fail the session when it fails; return its lines."""
     start = time.monotonic()
     out = sys.__stderr__
     proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "up"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        ["bash", str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
     lines: list[str] = []
     assert proc.stdout is not None
@@ -92,14 +121,11 @@ def _run_up() -> str:
     rc = proc.wait()
     if rc != 0:
         pytest.fail(
-            f"tests/cluster/local-cluster.sh up exited {rc} after {time.monotonic() - start:.0f}s:\n"
+            f"tests/cluster/local-cluster.sh {' '.join(args)} exited {rc} after {time.monotonic() - start:.0f}s:\n"
             + "".join(lines[-60:]),
             pytrace=False,
         )
-    for line in lines:
-        if line.startswith("export KUBECONFIG="):
-            return line.split("=", 1)[1].strip()
-    pytest.fail("local-cluster.sh up did not print the KUBECONFIG to use:\n" + "".join(lines[-30:]), pytrace=False)
+    return lines
 
 
 def ensure_cluster() -> KubeCluster:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The kind path, for machines WITH internet access (kind pulls its node image; cannot run offline).
 # Same shape as local-cluster.sh: one node, fake nvidia.com/gpu, a default `standard` class binding RWO and RWX.
-#   kind.sh up | down | env | images | load IMAGE...
+#   kind.sh up | down | env | images | load IMAGE... | kueue | kueue-delete
+# kueue: Kueue's released manifests (the version of tests/cluster/kueue/kustomization.yaml, as local-cluster.sh)
+# with upstream's configuration (the pod integration on); waits for the controller and its webhooks.
 # Then: eval "$(tests/cluster/kind.sh env)"; the tests' kube_cluster fixture uses $KUBECONFIG.
 set -euo pipefail
 NAME="${KUBETF_KIND_NAME:-kubetf}"
@@ -49,11 +51,44 @@ YAML
 
 kind_env() { echo "export KUBECONFIG=$KCFG"; }
 
+KUEUE_VERSION="$(awk '$1 == "newTag:" {print $2; exit}' "$(dirname "${BASH_SOURCE[0]}")/kueue/kustomization.yaml")"
+KUEUE_MANIFESTS="https://github.com/kubernetes-sigs/kueue/releases/download/$KUEUE_VERSION/manifests.yaml"
+kueue_webhooks_answer() {  # a queued pod must come back from the mutating webhook with Kueue's gate
+  k create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<'YAML' | grep -qw kueue.x-k8s.io/admission
+apiVersion: v1
+kind: Pod
+metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}
+spec: {containers: [{name: c, image: kubetf/python-base:bookworm, command: ["true"]}]}
+YAML
+  k create --dry-run=server -o name -f - >/dev/null <<'YAML'
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: kueue-probe}
+YAML
+}
+kueue() {  # idempotent
+  k apply --server-side --force-conflicts -f "$KUEUE_MANIFESTS" >/dev/null
+  k -n kueue-system rollout status deployment/kueue-controller-manager --timeout=300s
+  for _ in $(seq 1 120); do
+    kueue_webhooks_answer 2>/dev/null && { echo "Kueue $KUEUE_VERSION ready"; return 0; }
+    sleep 1
+  done
+  echo "Kueue's webhooks do not answer after 120s" >&2; return 1
+}
+kueue_delete() {  # webhook configurations first: pod creation must never call a webhook that is gone
+  k delete mutatingwebhookconfiguration kueue-mutating-webhook-configuration --ignore-not-found
+  k delete validatingwebhookconfiguration kueue-validating-webhook-configuration --ignore-not-found
+  k delete apiservice v1beta1.visibility.kueue.x-k8s.io v1beta2.visibility.kueue.x-k8s.io --ignore-not-found
+  k delete --ignore-not-found --timeout=180s -f "$KUEUE_MANIFESTS"
+}
+
 case "${1:-}" in
   up) up ;;
   down) kind delete cluster --name "$NAME"; rm -f "$KCFG" ;;
   env) kind_env ;;
   images) images ;;
   load) shift; for img in "$@"; do kind load docker-image --name "$NAME" "$img"; done ;;
-  *) sed -n '2,6p' "$0"; exit 2 ;;
+  kueue) kueue ;;
+  kueue-delete) kueue_delete ;;
+  *) sed -n '2,8p' "$0"; exit 2 ;;
 esac

@@ -921,7 +921,7 @@ delete_kueue() {  # uninstall: webhooks first (pod creation must never hit a mis
   local gated
   gated="$(kc get pods -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {.spec.schedulingGates[*].name}{"\n"}{end}' \
     | awk '$2 ~ /kueue.x-k8s.io\/admission/ {print $1}')"
-  [[ -z $gated ]] || log "pods still gated by Kueue (their owners must recreate them): $(echo $gated)"
+  [[ -z $gated ]] || log "pods still gated by Kueue (their owners must recreate them): ${gated//$'\n'/ }"
   rm -f "$manifests" "$manifests.front" "$manifests.back"
   log "Kueue deleted"
 }
