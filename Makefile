@@ -71,6 +71,11 @@ cluster: ## the local cluster, unless a kubeconfig names another one (FAKE_NODES
 cluster-down: ## stop the local cluster and clean up after it
 	$(CLUSTER) down
 
+.PHONY: kueue
+kueue: cluster ## Kueue in kueue-system, idempotent (local cluster: built here once, ~11 min; kind: kind.sh kueue)
+	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) kueue; \
+	else echo "not the local cluster: install Kueue on $(TARGET_KUBECONFIG) yourself (kind: tests/cluster/kind.sh kueue)"; fi
+
 images: ## build the operator and trainer images FROM the local base; load them into the local cluster
 	$(CLUSTER) images
 	DOCKER_BUILDKIT=0 docker build --network host -q -f operator/Dockerfile \
