@@ -217,15 +217,17 @@ build_kueue() {  # Kueue's manager from its own module and go.sum (no wrapper; g
   command -v go >/dev/null || die "go is needed to build Kueue"
   mkdir -p "$CACHE/logs"
   log "building Kueue $KUEUE_VERSION (cold: ~11 min on 2 cores; log $CACHE/logs/kueue-build.log)"
-  local src module t0=$SECONDS
+  local src module commit t0=$SECONDS
   src="$(mktemp -d)"
-  module="$(cd "$src" && GOFLAGS=-mod=mod GOTOOLCHAIN=local go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
-    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  (cd "$src" && GOFLAGS=-mod=mod GOTOOLCHAIN=local go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION") >"$src/module.json" \
+    || { rm -rf "$src"; die "could not download sigs.k8s.io/kueue@$KUEUE_VERSION from the Go module proxy"; }
+  module="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' "$src/module.json")"
+  commit="$(sed -n 's/^[[:space:]]*"Hash": "\([0-9a-f]*\)",\{0,1\}$/\1/p' "$src/module.json")"
   [[ -d $module ]] || die "could not download sigs.k8s.io/kueue@$KUEUE_VERSION from the Go module proxy"
   cp -r "$module" "$src/kueue" && chmod -R u+w "$src/kueue"
   # -mod=readonly: the module's own go.sum vouches for every dependency (one of v0.19's is unknown to sum.golang.org)
   (cd "$src/kueue" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly" \
-    go build -p 2 -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    go build -p 2 -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION -X sigs.k8s.io/kueue/pkg/version.GitCommit=${commit:-unknown}" \
     -o "$src/out/kueue" ./cmd/kueue) \
     >"$CACHE/logs/kueue-build.log" 2>&1 || { rm -rf "$src"; die "Kueue build failed: $CACHE/logs/kueue-build.log"; }
   rm -rf "$KUEUE_DIR.tmp" && mkdir -p "$KUEUE_DIR.tmp"
@@ -236,13 +238,16 @@ build_kueue() {  # Kueue's manager from its own module and go.sum (no wrapper; g
 }
 build_kueue_image() {  # kubetf/kueue:<version>: the static binary FROM scratch, non-root like upstream's distroless
   start_docker
-  [[ "$(image_label "$KUEUE_IMAGE" io.kubetf.version)" == "$KUEUE_VERSION-$KUEUE_IMAGE_REV" ]] && return 0
   build_kueue
+  # rebuilt when the recipe or the cached binary (size, mtime) changed
+  local stamp; stamp="$KUEUE_VERSION-$KUEUE_IMAGE_REV-$(stat -c %s-%Y "$KUEUE_DIR/kueue")"
+  [[ "$(image_label "$KUEUE_IMAGE" io.kubetf.version)" == "$stamp" ]] && return 0
   local ctx; ctx="$(mktemp -d)"
   cp "$KUEUE_DIR/kueue" "$ctx/manager"
   printf 'FROM scratch\nCOPY manager /manager\nLABEL io.kubetf.version=%s\nUSER 65532:65532\nENTRYPOINT ["/manager"]\n' \
-    "$KUEUE_VERSION-$KUEUE_IMAGE_REV" >"$ctx/Dockerfile"
-  DOCKER_BUILDKIT=0 docker build -q -t "$KUEUE_IMAGE" "$ctx" >/dev/null || { rm -rf "$ctx"; die "Kueue image build failed"; }
+    "$stamp" >"$ctx/Dockerfile"
+  DOCKER_BUILDKIT=0 docker build -q -t "$KUEUE_IMAGE" "$ctx" >/dev/null 2>"$CACHE/logs/kueue-image.log" \
+    || { rm -rf "$ctx"; die "Kueue image build failed: $CACHE/logs/kueue-image.log"; }
   rm -rf "$ctx"
   log "built $KUEUE_IMAGE"
 }
