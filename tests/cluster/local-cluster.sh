@@ -835,10 +835,20 @@ stop_fake_nodes() {  # stop_fake_nodes NAME...: the node vanishes (see fake-node
 # answer, NO pod can be created there. Hence the order: install the webhook configurations last (once the manager
 # is Ready) and delete them first.
 kueue_render() {  # the rendered manifests on stdout
-  local tmp rc=0; tmp="$(mktemp -d)"
+  local tmp rc=0 id; tmp="$(mktemp -d)"
   cp -r "$KUEUE_DIR/config" "$tmp/config"
   cp -r "$HERE/kueue" "$tmp/config/kubetf"
-  kc kustomize "$tmp/config/kubetf" || rc=$?
+  # The tag stays the same when the image is rebuilt: the image's id in the pod template rolls the pod then.
+  id="$(docker image inspect -f '{{.Id}}' "$KUEUE_IMAGE" 2>/dev/null || true)"
+  mkdir -p "$tmp/config/run"
+  cat >"$tmp/config/run/kustomization.yaml" <<EOF
+resources: [../kubetf]
+patches:
+- patch: |-
+    {apiVersion: apps/v1, kind: Deployment, metadata: {name: kueue-controller-manager, namespace: $KUEUE_NS},
+     spec: {template: {metadata: {annotations: {kubetf.io/image-id: "${id:-none}"}}}}}
+EOF
+  kc kustomize "$tmp/config/run" || rc=$?
   rm -rf "$tmp"
   return $rc
 }
