@@ -115,6 +115,9 @@ class Controller:
             if key is not None:
                 self.store.put_pod(key, pod)
         self.requeue_all()
+        for key in self.store.pod_jobs():  # pods of a job deleted while no operator ran: Kueue's finalizer
+            if self.store.job(key) is None:
+                self.queue.add(key, NORMAL)
         log.info("cache primed: %d jobs, %d pods", self.store.job_count(), self.store.pod_count())
 
     def audit(self) -> None:
@@ -252,6 +255,7 @@ class Controller:
             job = self._write_status(job, stored, plan.status)
             stored = plan.status
         if plan.unretriable:  # before the deletions: Kueue must never take the group's end for a lost pod
+            log.info("%s/%s: %s marked not to be replaced (Kueue)", *key, ", ".join(_names(plan.unretriable)))
             self.kube.mark_unretriable(plan.unretriable)
         reachable = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in lost_nodes]
         # Does the program act on SIGTERM? One member is sent it first, the rest wait for the answer (kubetf.sigterm).
@@ -278,6 +282,7 @@ class Controller:
             for pod in self.kube.delete_pods(plan.force_delete, grace_seconds=0):
                 self.store.remove_pod(key, pod["metadata"]["name"], pod["metadata"]["uid"])
         if plan.release:
+            log.info("%s/%s: releasing %s from Kueue's finalizer", *key, ", ".join(_names(plan.release)))
             self.kube.release_pods(plan.release)  # their DELETED events bring the job back for the replacements
         created: list[dict[str, Any]] = []
         failed: Exception | None = None
@@ -471,6 +476,10 @@ class Controller:
             metrics.JOBS.labels(phase=phase).inc()
         if before is not None:
             metrics.JOBS.labels(phase=before).dec()
+
+
+def _names(pods: list[dict[str, Any]]) -> list[str]:
+    return [p["metadata"]["name"] for p in pods]
 
 
 def _pod_job(pod: Mapping[str, Any]) -> Key | None:

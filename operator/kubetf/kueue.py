@@ -103,13 +103,30 @@ def held(pod: Pod, lost_nodes: frozenset[str]) -> bool:
     return status.get("phase") in ("Succeeded", "Failed") or not node or node in lost_nodes
 
 
-def to_release(pods: list[Pod], lost_nodes: frozenset[str], ending: bool) -> list[Pod]:
-    """The held pods whose finalizer the operator removes, so that their names are free for replacements. While the
-    job goes on, one is kept when no other pod of the group would be left: the Workload must outlive the restart."""
+def to_release(
+    pods: list[Pod],
+    lost_nodes: frozenset[str],
+    ending: bool,
+    staying: list[Pod] | None = None,
+    workload: dict[str, Any] | None = None,
+) -> list[Pod]:
+    """The held pods whose finalizer the operator removes, so that their names are free for replacements.
+
+    While the job goes on, the group's Workload must outlive the restart. It is owned by the group's pods (Kueue
+    adds each new pod as an owner) and garbage-collected once no owner is left. `staying`: the pods that stay (of
+    the tasks' current attempts, not being deleted); one held pod that owns the Workload is kept until a staying
+    pod does, or, before Kueue made a Workload, until a staying pod exists."""
     releasable = sorted((p for p in pods if held(p, lost_nodes)), key=lambda p: p["metadata"]["name"])
-    if ending or not releasable or len(releasable) < len(pods):
+    if ending or not releasable:
         return releasable
-    return releasable[1:]
+    staying = staying or []
+    if workload is None:
+        return releasable if staying else releasable[1:]
+    owners = {o.get("uid") for o in workload["metadata"].get("ownerReferences") or []}
+    if any(p["metadata"].get("uid") in owners for p in staying):
+        return releasable
+    keep = next((p for p in releasable if p["metadata"].get("uid") in owners), releasable[0])
+    return [p for p in releasable if p is not keep]
 
 
 def needs_unretriable(pods: list[Pod]) -> list[Pod]:

@@ -386,7 +386,12 @@ def _kueue_bookkeeping(result: Plan, pods: list[Pod], lost_nodes: frozenset[str]
     group = kueue.group_name(result.job)
     ours = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(kueue.GROUP_LABEL) == group]
     others = [p for p in pods if p not in ours]  # a previous job's of the same name: its group has ended
-    result.release = kueue.to_release(ours, lost_nodes, ending) + kueue.to_release(others, lost_nodes, True)
+    workload = result.admission.workload if result.admission else None
+    views, _ = st.observe(dict(result.job, status=result.status), ours)
+    staying = [v.pod for v in views.values() if v.pod is not None and not st.is_deleting(v.pod)]
+    staying = [p for p in staying if p not in result.delete]
+    result.release = kueue.to_release(ours, lost_nodes, ending, staying, workload)
+    result.release += kueue.to_release(others, lost_nodes, ending=True)
 
 
 def _store_tasks(status: dict[str, Any], views: dict[str, TaskView]) -> None:

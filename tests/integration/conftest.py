@@ -70,6 +70,23 @@ class Cluster:
             return any(c.type == "Established" and c.status == "True" for c in status.conditions or [])
 
         wait_for(established, 30, "the CRD to be established")
+        self.install_queue_name_policy()
+
+    def install_queue_name_policy(self) -> None:
+        """The chart's ValidatingAdmissionPolicy, which checks the Kueue queue label at apply time."""
+        admission = client.AdmissionregistrationV1Api(self.api_client)
+        path = ROOT / "manifests" / "operator" / "30-queue-name-policy.yaml"
+        for document in [d for d in yaml.safe_load_all(path.read_text()) if d]:
+            kind = "validating_admission_policy" + ("_binding" if document["kind"].endswith("Binding") else "")
+            try:
+                getattr(admission, f"create_{kind}")(document)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                name = document["metadata"]["name"]
+                existing = getattr(admission, f"read_{kind}")(name)
+                document["metadata"]["resourceVersion"] = existing.metadata.resource_version
+                getattr(admission, f"replace_{kind}")(name, document)
 
     # --- jobs
     def create_job(self, namespace: str, name: str, spec: dict, **metadata: Any) -> dict:

@@ -221,9 +221,14 @@ class FakeApi:
         return True, self.kueue["queues"].get(name)
 
     def workload(self, namespace: str, name: str) -> dict | None:
+        """The group's Workload; unless the test froze its owners, owned by every pod of the group, as Kueue's
+        controller makes it (EnsureWorkloadOwnedByAllMembers) moments after a pod appears."""
         self.calls.append("get Workload")
-        found = (self.kueue or {}).get("workloads", {}).get(name)
-        return copy.deepcopy(found) if found else None
+        found = copy.deepcopy((self.kueue or {}).get("workloads", {}).get(name))
+        if found is not None and "ownerReferences" not in found["metadata"]:
+            group = [p for p in self.pods.values() if p["metadata"]["labels"].get(kueue.GROUP_LABEL) == name]
+            found["metadata"]["ownerReferences"] = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in group]
+        return found
 
     def node_lost(self, name: str) -> bool:
         self.calls.append("get Node")

@@ -27,10 +27,8 @@ def kueue_sim(document, queues=None):
 def set_workload(sim, **conditions):
     """The group's Workload with these conditions: type=(status, message)."""
     name = kueue.group_name(sim.job)
-    sim.api.kueue["workloads"][name] = {
-        "metadata": {"name": name},
-        "status": {"conditions": [{"type": t, "status": s, "message": m} for t, (s, m) in conditions.items()]},
-    }
+    workload = sim.api.kueue["workloads"].setdefault(name, {"metadata": {"name": name}})
+    workload["status"] = {"conditions": [{"type": t, "status": s, "message": m} for t, (s, m) in conditions.items()]}
 
 
 def admit(sim):
@@ -332,3 +330,23 @@ def test_managed_by_takes_only_the_values_the_crd_allows():
     assert [p.path for p in api.validate(document)] == ["spec.managedBy"]
     document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
     assert api.validate(document) == []
+
+
+def test_the_last_old_pod_owning_the_workload_stays_until_kueue_made_a_new_pod_an_owner():
+    sim = admitted_and_running(queued(mwms_job()))
+    workload = sim.api.kueue["workloads"][kueue.group_name(sim.job)]
+    old = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in sim.pods.values()]
+    workload["metadata"]["ownerReferences"] = old  # Kueue has not adopted the new pods yet
+    sim.evict("mnist-worker-1")
+    sim.step()
+    terminate(sim)
+    for _ in range(4):
+        sim.step()
+        admit(sim)
+    owners = [p for p in sim.pods.values() if p["metadata"]["uid"] in {o["uid"] for o in old}]
+    assert len(owners) == 1 and len(sim.pods) == 3, "the garbage collector would take the Workload with it"
+    del workload["metadata"]["ownerReferences"]  # Kueue's reconcile adds the new pods as owners
+    for _ in range(2):
+        sim.step()
+        admit(sim)
+    assert {sim.attempt(n) for n in sim.pods} == {"1"} and len(sim.pods) == 3

@@ -1,0 +1,302 @@
+"""TrainingJobs under a real Kueue (its webhook, its controller, its quota) on the real API server. Pods are never
+scheduled here: Kueue gates and ungates them, the tests play the kubelet."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from kubetf import kueue
+from tests.cluster.fixture import wait_for
+
+from .conftest import mwms_spec, ps_spec, replica
+
+GROUP, VERSION = kueue.GROUP, kueue.VERSION
+FLAVOR = "kubetf-test-flavor"
+
+
+@pytest.fixture(scope="module")
+def kueue_installed(kube_cluster, cluster):
+    kube_cluster.install_kueue()
+    try:
+        cluster.custom.create_cluster_custom_object(
+            GROUP, VERSION, "resourceflavors", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceFlavor",
+                                                "metadata": {"name": FLAVOR}},
+        )  # fmt: skip
+    except ApiException as error:
+        if error.status != 409:
+            raise
+
+
+class Queue:
+    """A ClusterQueue with `gpus` nvidia.com/gpu (preempting lower priorities within it) and its LocalQueue."""
+
+    def __init__(self, cluster, namespace: str, gpus: int) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.name = f"cq-{uuid.uuid4().hex[:6]}"
+        self.local = "team-a"
+        resources = [
+            {"name": "cpu", "nominalQuota": "100"},
+            {"name": "memory", "nominalQuota": "100Gi"},
+            {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
+        ]
+        cluster.custom.create_cluster_custom_object(
+            GROUP, VERSION, "clusterqueues",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterQueue", "metadata": {"name": self.name},
+                "spec": {
+                    "namespaceSelector": {},
+                    "preemption": {"withinClusterQueue": "LowerPriority"},
+                    "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                        "flavors": [{"name": FLAVOR, "resources": resources}]}],
+                },
+            },
+        )  # fmt: skip
+        cluster.custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "localqueues",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LocalQueue", "metadata": {"name": self.local},
+             "spec": {"clusterQueue": self.name}},
+        )  # fmt: skip
+        wait_for(self._active, 30, f"ClusterQueue {self.name} active")
+
+    def _active(self) -> bool:
+        status = self.cq().get("status") or {}
+        return any(c["type"] == "Active" and c["status"] == "True" for c in status.get("conditions") or [])
+
+    def cq(self) -> dict[str, Any]:
+        return self.cluster.custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", self.name)
+
+    def gpus_in_use(self) -> int:
+        for flavor in (self.cq().get("status") or {}).get("flavorsReservation") or []:
+            for resource in flavor.get("resources") or []:
+                if resource["name"] == "nvidia.com/gpu":
+                    return int(resource.get("total") or 0)
+        return 0
+
+    def workload(self, job: dict) -> dict | None:
+        try:
+            return self.cluster.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "workloads", kueue.group_name(job)
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def delete(self) -> None:
+        for kind, call in (("localqueues", self.cluster.custom.delete_namespaced_custom_object),):
+            call(GROUP, VERSION, self.namespace, kind, self.local)
+        self.cluster.custom.delete_cluster_custom_object(GROUP, VERSION, "clusterqueues", self.name)
+
+
+@pytest.fixture
+def queue(cluster, namespace, kueue_installed):
+    made = Queue(cluster, namespace, gpus=2)
+    yield made
+    finish_jobs(cluster, namespace)
+    made.delete()
+
+
+def finish_jobs(cluster, namespace: str) -> None:
+    """Delete the namespace's jobs while the operator runs: it lets Kueue's finalizer go from their pods."""
+    for name in cluster.statuses(namespace):
+        cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", name)
+    wait_for(lambda: not cluster.core.list_namespaced_pod(namespace).items, 30, f"every pod in {namespace} gone")
+
+
+def gpu_job(spec: dict, gpus: int = 1) -> dict:
+    for role in spec["replicaSpecs"].values():
+        role["gpus"] = gpus
+    return spec
+
+
+def labelled(queue: Queue, **more: str) -> dict:
+    return {"labels": {kueue.QUEUE_LABEL: queue.local, **more}}
+
+
+def admitted(cluster, namespace: str, job: str, count: int, what: str, timeout: float) -> dict[str, dict]:
+    """The job's `count` live pods, once Kueue has admitted them (ungated)."""
+    return cluster.wait_pods(
+        namespace, job, lambda p: len(p) == count and not any(map(kueue.is_gated, p.values())), what, timeout
+    )
+
+
+def condition(cluster, namespace: str, name: str) -> dict:
+    status = cluster.status(namespace, name)
+    return next(c for c in status.get("conditions") or [] if c["status"] == "True")
+
+
+def test_a_job_waits_queued_with_no_pod_running_until_the_quota_frees(cluster, namespace, queue):
+    spec = gpu_job(mwms_spec(), gpus=1)  # 1 chief + 2 workers of 1 GPU: 3 > 2, never admitted whole
+    big = cluster.create_job(namespace, "big", spec, **labelled(queue))
+    cluster.wait_phase(namespace, "big", "Queued")
+    small = gpu_job({"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(2)}})
+    cluster.create_job(namespace, "small", small, **labelled(queue))
+
+    def says_why():
+        message = condition(cluster, namespace, "big").get("message", "")
+        return "insufficient" in message and message
+
+    message = wait_for(says_why, 40, "big's condition to carry Kueue's reason")
+    assert f"LocalQueue {queue.local} (ClusterQueue {queue.name})" in message
+    pods = cluster.pods(namespace, "big")
+    assert len(pods) == 3 and all(kueue.is_gated(p) for p in pods.values())  # all-or-nothing: none runs
+    assert cluster.wait_phase(namespace, "big", "Queued")["reason"] == "Queued"
+    # The small one fits: admitted whole, ungated, running.
+    admitted(cluster, namespace, "small", 2, "small's pods ungated", 30)
+    cluster.run_all(namespace, "small", 2)
+    cluster.wait_phase(namespace, "small", "Running")
+    wait_for(lambda: queue.gpus_in_use() == 2, 10, "the ClusterQueue to count small's 2 GPUs")
+    assert queue.workload(big)["metadata"]["name"] == kueue.group_name(big)
+
+
+def test_preemption_by_kueue_is_a_disruption_and_the_job_queues_again(cluster, namespace, queue):
+    for name, value in (("kubetf-low", 100), ("kubetf-high", 1000)):
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkloadPriorityClass", "metadata": {"name": name}}
+        body["value"] = value
+        try:
+            cluster.custom.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+    spec = gpu_job({"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(2)}})
+    cluster.create_job(namespace, "low", spec, **labelled(queue, **{kueue.PRIORITY_LABEL: "kubetf-low"}))
+    admitted(cluster, namespace, "low", 2, "low admitted", 30)
+    cluster.run_all(namespace, "low", 2)
+    cluster.wait_phase(namespace, "low", "Running")
+    group = {p["metadata"]["labels"][kueue.GROUP_LABEL] for p in cluster.pods(namespace, "low").values()}
+    cluster.create_job(namespace, "high", spec, **labelled(queue, **{kueue.PRIORITY_LABEL: "kubetf-high"}))
+    status = cluster.wait_phase(namespace, "low", "Queued", timeout=40)
+    assert status["restarts"]["disruptions"] == 1 and status["restarts"]["failures"] == 0
+    assert "by Kueue" in status["restarts"]["lastReason"]
+    admitted(cluster, namespace, "high", 2, "high admitted", 30)
+    # low's new pods wait, gated, in the same group (its Workload kept its place); its counters are kept.
+    pods = cluster.wait_pods(namespace, "low", lambda p: len(p) == 2, "low's new pods", 30)
+    assert all(kueue.is_gated(p) for p in pods.values())
+    assert {p["metadata"]["labels"][kueue.GROUP_LABEL] for p in pods.values()} == group
+    assert {p["metadata"]["labels"]["kubetf.io/attempt"] for p in pods.values()} == {"1"}
+    # high finishes: low is admitted again.
+    cluster.run_all(namespace, "high", 2)
+    for pod in cluster.live_pods(namespace, "high").values():
+        cluster.exit(pod, 0)
+    cluster.wait_phase(namespace, "high", "Succeeded")
+    admitted(cluster, namespace, "low", 2, "low admitted again", 40)
+    cluster.run_all(namespace, "low", 2)
+    status = cluster.wait_phase(namespace, "low", "Running")
+    assert status["restarts"]["total"] == 1
+
+
+def test_an_evicted_worker_restarts_the_group_under_the_same_admission(cluster, namespace, queue):
+    job = cluster.create_job(namespace, "mwms", gpu_job(mwms_spec(), gpus=0), **labelled(queue))
+    admitted(cluster, namespace, "mwms", 3, "admitted", 30)
+    cluster.run_all(namespace, "mwms", 3)
+    cluster.wait_phase(namespace, "mwms", "Running")
+    admitted_by = queue.workload(job)["metadata"]["uid"]
+    seen: dict[str, set] = {"phases": set(), "admitted": set()}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen["phases"].add(cluster.status(namespace, "mwms").get("phase"))
+            workload = queue.workload(job) or {}
+            admitted = any(
+                c["type"] == "Admitted" and c["status"] == "True"
+                for c in workload.get("status", {}).get("conditions", [])
+            )
+            seen["admitted"].add((workload.get("metadata", {}).get("uid"), admitted))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        worker = cluster.live_pods(namespace, "mwms")["mwms-worker-1"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        evicted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+        cluster.set_status(worker, {"conditions": [{**evicted, "lastTransitionTime": now}]})
+        cluster.delete_pod(worker)
+        pods = cluster.wait_pods(
+            namespace, "mwms",
+            lambda p: len(p) == 3 and all(x["metadata"]["labels"]["kubetf.io/attempt"] == "1" for x in p.values())
+            and not any(map(kueue.is_gated, p.values())),
+            "the whole group recreated and ungated", 30,
+        )  # fmt: skip
+        cluster.run_all(namespace, "mwms", 3)
+        status = cluster.wait_phase(namespace, "mwms", "Running")
+    finally:
+        stop.set()
+        watcher.join()
+    events = [(e["reason"], e["message"]) for e in cluster.events(namespace, "mwms")]
+    assert "Queued" not in seen["phases"], events
+    assert seen["admitted"] == {(admitted_by, True)}, "the Workload was replaced or lost its admission"
+    assert status["restarts"]["disruptions"] == 1
+    assert len(pods) == 3
+
+
+def test_a_finished_ps_job_gives_its_quota_back_at_once(cluster, namespace, queue):
+    cluster.create_job(namespace, "ps", gpu_job(ps_spec(), gpus=0), **labelled(queue))
+    admitted(cluster, namespace, "ps", 4, "admitted", 30)
+    cluster.run_all(namespace, "ps", 4)
+    cluster.wait_phase(namespace, "ps", "Running")
+    wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 1, 10, "the ClusterQueue to count the job")
+    cluster.exit(cluster.live_pods(namespace, "ps")["ps-chief-0"], 0)
+    cluster.wait_phase(namespace, "ps", "Succeeded")
+    ended = time.monotonic()
+    # The ps and workers never exit by themselves: the operator stops them, marked so that Kueue ends the group.
+    wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 0, 10, "the ClusterQueue's usage back to 0")
+    print(f"\nquota released {time.monotonic() - ended:.2f}s after the job succeeded")
+
+
+@pytest.mark.parametrize("how", ["delete", "suspend"])
+def test_deleting_or_suspending_an_admitted_job_releases_its_quota(cluster, namespace, queue, how):
+    spec = gpu_job({"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(2)}})
+    job = cluster.create_job(namespace, "j", spec, **labelled(queue))
+    admitted(cluster, namespace, "j", 2, "admitted", 30)
+    cluster.run_all(namespace, "j", 2)
+    cluster.wait_phase(namespace, "j", "Running")
+    wait_for(lambda: queue.gpus_in_use() == 2, 10, "the ClusterQueue to count the job's 2 GPUs")
+    if how == "delete":
+        cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", "j")
+    else:
+        cluster.patch_spec(namespace, "j", {"runPolicy": {"suspend": True}})
+    wait_for(lambda: queue.gpus_in_use() == 0, 15, "the quota released")
+    wait_for(lambda: not cluster.pods(namespace, "j"), 15, "the pods gone, none stuck on Kueue's finalizer")
+    if how == "suspend":
+        cluster.wait_phase(namespace, "j", "Suspended")
+        cluster.patch_spec(namespace, "j", {"runPolicy": {"suspend": False}})
+        admitted(cluster, namespace, "j", 2, "admitted again after the resume", 30)
+        assert queue.workload(job) is not None
+
+
+def test_a_local_queue_that_does_not_exist_is_said(cluster, namespace, kueue_installed):
+    cluster.create_job(namespace, "lost", mwms_spec(), labels={kueue.QUEUE_LABEL: "no-such-queue"})
+    try:
+        status = cluster.wait_phase(namespace, "lost", "Queued")
+        assert status["reason"] == "LocalQueueNotFound"
+        assert "LocalQueue no-such-queue does not exist" in condition(cluster, namespace, "lost")["message"]
+        cluster.wait_event(namespace, "lost", "LocalQueueNotFound")
+        assert not any(p["status"].get("phase") == "Running" for p in cluster.pods(namespace, "lost").values())
+    finally:
+        finish_jobs(cluster, namespace)
+
+
+def test_bad_queue_labels_and_managed_by_are_refused_at_apply_time(cluster, namespace):
+    with pytest.raises(ApiException) as refused:
+        cluster.create_job(namespace, "bad", mwms_spec(), labels={kueue.QUEUE_LABEL: "Team_A"})
+    assert "is not a LocalQueue name" in json.loads(refused.value.body)["message"]
+    with pytest.raises(ApiException) as refused:
+        cluster.create_job(namespace, "bad", {**mwms_spec(), "managedBy": "someone/else"})
+    assert 'spec.managedBy: Unsupported value: "someone/else"' in json.loads(refused.value.body)["message"]
+
+
+def test_a_job_managed_by_multikueue_is_left_alone(cluster, namespace, kueue_installed):
+    spec = {**mwms_spec(), "managedBy": kueue.MANAGED_BY_MULTIKUEUE}
+    cluster.create_job(namespace, "remote", spec, labels={kueue.QUEUE_LABEL: "team-a"})
+    cluster.create_job(namespace, "local", mwms_spec())
+    cluster.wait_phase(namespace, "local", "Pending")  # the operator is at work: the other job it leaves alone
+    assert cluster.pods(namespace, "remote") == {} and cluster.status(namespace, "remote") == {}
