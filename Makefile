@@ -72,7 +72,7 @@ cluster-down: ## stop the local cluster and clean up after it
 	$(CLUSTER) down
 
 .PHONY: kueue
-kueue: cluster ## Kueue in kueue-system, idempotent (local cluster: built here once, ~11 min; kind: kind.sh kueue)
+kueue: cluster ## Kueue in kueue-system, idempotent (local cluster: built here once, ~5 min; kind: kind.sh kueue)
 	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) kueue; \
 	else echo "not the local cluster: install Kueue on $(TARGET_KUBECONFIG) yourself (kind: tests/cluster/kind.sh kueue)"; fi
 

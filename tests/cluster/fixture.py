@@ -58,7 +58,7 @@ class KubeCluster:
         """Make sure Kueue runs and its webhooks answer (idempotent; a few seconds when it already does).
 
         On the local cluster (`local` or KUBECONFIG naming its kubeconfig) this is `local-cluster.sh kueue`, which
-        builds Kueue on first use (about 11 min cold). On another cluster Kueue must already be installed
+        builds Kueue on first use (about 5 min cold). On another cluster Kueue must already be installed
         (`tests/cluster/kind.sh kueue`): the test fails otherwise.
         """
         if self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve():

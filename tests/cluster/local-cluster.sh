@@ -216,7 +216,7 @@ build_kueue() {  # Kueue's manager from its own module and go.sum (no wrapper; g
   [[ $KUEUE_VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "no Kueue version in $HERE/kueue/kustomization.yaml"
   command -v go >/dev/null || die "go is needed to build Kueue"
   mkdir -p "$CACHE/logs"
-  log "building Kueue $KUEUE_VERSION (cold: ~11 min on 2 cores; log $CACHE/logs/kueue-build.log)"
+  log "building Kueue $KUEUE_VERSION (cold: ~5 min on 2 cores; log $CACHE/logs/kueue-build.log)"
   local src module commit t0=$SECONDS
   src="$(mktemp -d)"
   (cd "$src" && GOFLAGS=-mod=mod GOTOOLCHAIN=local go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION") >"$src/module.json" \
