@@ -11,12 +11,14 @@ first on `PATH`. A cluster that cannot be had fails the session loudly; it never
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,19 @@ class KubeCluster:
                 f"kueue):\n{result.stderr}",
                 pytrace=False,
             )
+
+    @contextlib.contextmanager
+    def kueue(self) -> Iterator[None]:
+        """Kueue installed for the tests in the block. On the local cluster, a Kueue the block installed is removed
+        at its end: its pod webhook would otherwise sit in the path of every later test's pods."""
+        local = self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve()
+        there = self.kubectl("-n", "kueue-system", "get", "deployment/kueue-controller-manager", check=False)
+        self.install_kueue()
+        try:
+            yield
+        finally:
+            if local and there.returncode != 0:
+                _run_script("kueue-delete")
 
 
 def wait_for(predicate: Any, timeout: float = 15.0, what: str = "condition", interval: float = 0.05) -> Any:

@@ -6,93 +6,22 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
-from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubetf import kueue
 from tests.cluster.fixture import wait_for
+from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
 
 from .conftest import mwms_spec, ps_spec, replica
-
-GROUP, VERSION = kueue.GROUP, kueue.VERSION
-FLAVOR = "kubetf-test-flavor"
 
 
 @pytest.fixture(scope="module")
 def kueue_installed(kube_cluster, cluster):
-    kube_cluster.install_kueue()
-    try:
-        cluster.custom.create_cluster_custom_object(
-            GROUP, VERSION, "resourceflavors", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceFlavor",
-                                                "metadata": {"name": FLAVOR}},
-        )  # fmt: skip
-    except ApiException as error:
-        if error.status != 409:
-            raise
-
-
-class Queue:
-    """A ClusterQueue with `gpus` nvidia.com/gpu (preempting lower priorities within it) and its LocalQueue."""
-
-    def __init__(self, cluster, namespace: str, gpus: int) -> None:
-        self.cluster, self.namespace = cluster, namespace
-        self.name = f"cq-{uuid.uuid4().hex[:6]}"
-        self.local = "team-a"
-        resources = [
-            {"name": "cpu", "nominalQuota": "100"},
-            {"name": "memory", "nominalQuota": "100Gi"},
-            {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
-        ]
-        cluster.custom.create_cluster_custom_object(
-            GROUP, VERSION, "clusterqueues",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterQueue", "metadata": {"name": self.name},
-                "spec": {
-                    "namespaceSelector": {},
-                    "preemption": {"withinClusterQueue": "LowerPriority"},
-                    "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                                        "flavors": [{"name": FLAVOR, "resources": resources}]}],
-                },
-            },
-        )  # fmt: skip
-        cluster.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "localqueues",
-            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LocalQueue", "metadata": {"name": self.local},
-             "spec": {"clusterQueue": self.name}},
-        )  # fmt: skip
-        wait_for(self._active, 30, f"ClusterQueue {self.name} active")
-
-    def _active(self) -> bool:
-        status = self.cq().get("status") or {}
-        return any(c["type"] == "Active" and c["status"] == "True" for c in status.get("conditions") or [])
-
-    def cq(self) -> dict[str, Any]:
-        return self.cluster.custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", self.name)
-
-    def gpus_in_use(self) -> int:
-        for flavor in (self.cq().get("status") or {}).get("flavorsReservation") or []:
-            for resource in flavor.get("resources") or []:
-                if resource["name"] == "nvidia.com/gpu":
-                    return int(resource.get("total") or 0)
-        return 0
-
-    def workload(self, job: dict) -> dict | None:
-        try:
-            return self.cluster.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "workloads", kueue.group_name(job)
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def delete(self) -> None:
-        for kind, call in (("localqueues", self.cluster.custom.delete_namespaced_custom_object),):
-            call(GROUP, VERSION, self.namespace, kind, self.local)
-        self.cluster.custom.delete_cluster_custom_object(GROUP, VERSION, "clusterqueues", self.name)
+    with kube_cluster.kueue():
+        make_flavor(cluster)
+        yield
 
 
 @pytest.fixture
@@ -101,13 +30,6 @@ def queue(cluster, namespace, kueue_installed):
     yield made
     finish_jobs(cluster, namespace)
     made.delete()
-
-
-def finish_jobs(cluster, namespace: str) -> None:
-    """Delete the namespace's jobs while the operator runs: it lets Kueue's finalizer go from their pods."""
-    for name in cluster.statuses(namespace):
-        cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", name)
-    wait_for(lambda: not cluster.core.list_namespaced_pod(namespace).items, 30, f"every pod in {namespace} gone")
 
 
 def gpu_job(spec: dict, gpus: int = 1) -> dict:
@@ -120,11 +42,8 @@ def labelled(queue: Queue, **more: str) -> dict:
     return {"labels": {kueue.QUEUE_LABEL: queue.local, **more}}
 
 
-def admitted(cluster, namespace: str, job: str, count: int, what: str, timeout: float) -> dict[str, dict]:
-    """The job's `count` live pods, once Kueue has admitted them (ungated)."""
-    return cluster.wait_pods(
-        namespace, job, lambda p: len(p) == count and not any(map(kueue.is_gated, p.values())), what, timeout
-    )
+def attempt(pod: dict) -> str:
+    return pod["metadata"]["labels"]["kubetf.io/attempt"]
 
 
 def condition(cluster, namespace: str, name: str) -> dict:
@@ -157,14 +76,7 @@ def test_a_job_waits_queued_with_no_pod_running_until_the_quota_frees(cluster, n
 
 
 def test_preemption_by_kueue_is_a_disruption_and_the_job_queues_again(cluster, namespace, queue):
-    for name, value in (("kubetf-low", 100), ("kubetf-high", 1000)):
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkloadPriorityClass", "metadata": {"name": name}}
-        body["value"] = value
-        try:
-            cluster.custom.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", body)
-        except ApiException as error:
-            if error.status != 409:
-                raise
+    priority_classes(cluster, **{"kubetf-low": 100, "kubetf-high": 1000})
     spec = gpu_job({"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(2)}})
     cluster.create_job(namespace, "low", spec, **labelled(queue, **{kueue.PRIORITY_LABEL: "kubetf-low"}))
     admitted(cluster, namespace, "low", 2, "low admitted", 30)
@@ -220,12 +132,8 @@ def test_an_evicted_worker_restarts_the_group_under_the_same_admission(cluster, 
         evicted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
         cluster.set_status(worker, {"conditions": [{**evicted, "lastTransitionTime": now}]})
         cluster.delete_pod(worker)
-        pods = cluster.wait_pods(
-            namespace, "mwms",
-            lambda p: len(p) == 3 and all(x["metadata"]["labels"]["kubetf.io/attempt"] == "1" for x in p.values())
-            and not any(map(kueue.is_gated, p.values())),
-            "the whole group recreated and ungated", 30,
-        )  # fmt: skip
+        wait_for(lambda: all(attempt(p) == "1" for p in cluster.live_pods(namespace, "mwms").values()), 30, "new group")
+        pods = admitted(cluster, namespace, "mwms", 3, "the whole group recreated and ungated", 30)
         cluster.run_all(namespace, "mwms", 3)
         status = cluster.wait_phase(namespace, "mwms", "Running")
     finally:
