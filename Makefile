@@ -24,7 +24,7 @@ KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
 .PHONY: help venv tools lint manifests test test-unit test-trainer test-cluster cluster cluster-down images install \
-	demo bench bench-scale bench-compare
+	demo demo-kueue bench bench-scale bench-compare bench-kueue
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -98,11 +98,25 @@ demo: venv cluster images install ## a real 2-worker MNIST job on the cluster, f
 	$(KUBETF) submit -f manifests/samples/mnist-mwms.yaml -n $(DEMO_NAMESPACE) --kubeconfig $(TARGET_KUBECONFIG)
 	$(KUBETF) status mnist-mwms -n $(DEMO_NAMESPACE) --kubeconfig $(TARGET_KUBECONFIG)
 
+demo-kueue: venv cluster images install kueue ## two MNIST jobs competing for the node's 2 GPUs under Kueue
+	$(KUBECTL) create namespace $(DEMO_NAMESPACE) --dry-run=client -o yaml | $(KUBECTL) apply -f -
+	$(KUBECTL) -n $(DEMO_NAMESPACE) apply -f manifests/samples/kueue/queues.yaml
+	$(KUBECTL) -n $(DEMO_NAMESPACE) delete trainingjob mnist-a mnist-b --ignore-not-found --wait
+	$(KUBECTL) -n $(DEMO_NAMESPACE) delete pvc mnist-a-checkpoint mnist-b-checkpoint --ignore-not-found --wait
+	$(KUBETF) submit -d -f manifests/samples/kueue/mnist-a.yaml -n $(DEMO_NAMESPACE) --kubeconfig $(TARGET_KUBECONFIG)
+	@echo "mnist-b wants the same 2 GPUs: Kueue keeps it Queued (no pod runs) until mnist-a is done"
+	$(KUBETF) submit -f manifests/samples/kueue/mnist-b.yaml -n $(DEMO_NAMESPACE) --kubeconfig $(TARGET_KUBECONFIG)
+	$(KUBECTL) -n $(DEMO_NAMESPACE) get trainingjobs mnist-a mnist-b
+	$(KUBECTL) -n $(DEMO_NAMESPACE) get workloads
+
 bench: venv ## operator benchmark (creation latency, burst, preemption recovery, memory)
 	$(PY) -m tests.bench.operator_bench
 
 bench-scale: venv ## scale benchmark on kwok's fake nodes (default 2,000 jobs; ARGS="--jobs 100 --burst 20")
 	$(PY) -m tests.bench.scale $(ARGS)
+
+bench-kueue: venv tools ## with and without Kueue: apply -> pods Running, and Kueue's preemption (real pods)
+	$(PY) -m tests.bench.kueue_bench $(ARGS)
 
 bench-compare: venv tools ## kubetf vs Kubeflow's training-operator vs the raw API server (ARGS="--foreign-pods 5000")
 	$(PY) -m tests.bench.compare $(ARGS)

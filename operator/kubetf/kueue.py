@@ -156,6 +156,11 @@ class Admission:
         return _condition(self.workload, "Admitted") == "True" and not self.finished
 
     @property
+    def has_words(self) -> bool:
+        """Kueue has said why the Workload waits (or that it cannot be admitted at all)."""
+        return self.cluster_queue is None or not self.installed or bool(self.workload and _kueue_words(self.workload))
+
+    @property
     def finished(self) -> bool:
         return _condition(self.workload, "Finished") == "True"
 

@@ -53,8 +53,10 @@ class Plan:
 # sends no event of its own.
 NODE_CHECK_SECONDS = 10
 # A queued job's condition carries Kueue's words about its Workload, which send no event to the operator: read again
-# this often while the job waits.
+# this often while the job waits, and sooner while Kueue has said nothing yet (its Workload comes a moment after
+# the pods).
 QUEUED_RECHECK_SECONDS = 30
+QUEUED_FIRST_WORDS_SECONDS = 2
 # A resumed job waits for Kueue to drop the previous run's finished Workload (the pods' garbage collection): seconds.
 FINISHED_WORKLOAD_RECHECK_SECONDS = 2
 
@@ -205,7 +207,8 @@ def _plan(
 
     _derive_phase(job, views, phase, status, transition, now, admission)
     if status.get("phase") == st.QUEUED:
-        result.wake_at(now + QUEUED_RECHECK_SECONDS)
+        waited = admission is not None and admission.has_words
+        result.wake_at(now + (QUEUED_RECHECK_SECONDS if waited else QUEUED_FIRST_WORDS_SECONDS))
     return result
 
 

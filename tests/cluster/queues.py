@@ -31,14 +31,15 @@ def make_flavor(cluster: Any) -> None:
 
 
 class Queue:
-    """A ClusterQueue with `gpus` nvidia.com/gpu (preempting lower priorities within it) and its LocalQueue."""
+    """A ClusterQueue with `gpus` nvidia.com/gpu and `cpu` (preempting lower priorities within it), and its
+    LocalQueue `local`."""
 
-    def __init__(self, cluster: Any, namespace: str, gpus: int) -> None:
+    def __init__(self, cluster: Any, namespace: str, gpus: int, cpu: str = "100", local: str = "team-a") -> None:
         self.cluster, self.namespace = cluster, namespace
         self.name = f"cq-{uuid.uuid4().hex[:6]}"
-        self.local = "team-a"
+        self.local = local
         resources = [
-            {"name": "cpu", "nominalQuota": "100"},
+            {"name": "cpu", "nominalQuota": cpu},
             {"name": "memory", "nominalQuota": "100Gi"},
             {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
         ]

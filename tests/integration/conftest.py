@@ -17,6 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,23 +71,36 @@ class Cluster:
             return any(c.type == "Established" and c.status == "True" for c in status.conditions or [])
 
         wait_for(established, 30, "the CRD to be established")
-        self.install_queue_name_policy()
 
-    def install_queue_name_policy(self) -> None:
-        """The chart's ValidatingAdmissionPolicy, which checks the Kueue queue label at apply time."""
+    def queue_name_policy(self) -> Iterator[None]:
+        """The chart's ValidatingAdmissionPolicy, which checks the Kueue queue label at apply time: created for
+        the block and deleted after it, so that the chart (the e2e tier) creates its own."""
         admission = client.AdmissionregistrationV1Api(self.api_client)
         path = ROOT / "manifests" / "operator" / "30-queue-name-policy.yaml"
+        made = []
         for document in [d for d in yaml.safe_load_all(path.read_text()) if d]:
             kind = "validating_admission_policy" + ("_binding" if document["kind"].endswith("Binding") else "")
-            try:
-                getattr(admission, f"create_{kind}")(document)
-            except ApiException as error:
-                if error.status != 409:
-                    raise
-                name = document["metadata"]["name"]
-                existing = getattr(admission, f"read_{kind}")(name)
-                document["metadata"]["resourceVersion"] = existing.metadata.resource_version
-                getattr(admission, f"replace_{kind}")(name, document)
+            name = document["metadata"]["name"]
+            with contextlib.suppress(ApiException):
+                getattr(admission, f"delete_{kind}")(name)  # a leftover of an interrupted session
+            wait_for(lambda k=kind, n=name: self._gone(getattr(admission, f"read_{k}"), n), 30, f"{kind} {name} gone")
+            getattr(admission, f"create_{kind}")(document)
+            made.append((kind, name))
+        try:
+            yield
+        finally:
+            for kind, name in reversed(made):
+                getattr(admission, f"delete_{kind}")(name)
+
+    @staticmethod
+    def _gone(read: Any, name: str) -> bool:
+        try:
+            read(name)
+        except ApiException as error:
+            if error.status == 404:
+                return True
+            raise
+        return False
 
     # --- jobs
     def create_job(self, namespace: str, name: str, spec: dict, **metadata: Any) -> dict:
@@ -395,6 +409,12 @@ def cluster(kube_cluster) -> Cluster:
     cluster = Cluster(kube_cluster.kubeconfig)
     cluster.install_crd()
     return cluster
+
+
+@pytest.fixture(scope="package", autouse=True)
+def queue_name_policy(cluster) -> Iterator[None]:
+    """The integration tier's copy of the chart's admission policy, gone before the e2e tier installs the chart."""
+    yield from cluster.queue_name_policy()
 
 
 def _installed_operators(cluster: Cluster) -> list[Any]:

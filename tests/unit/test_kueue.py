@@ -147,6 +147,8 @@ def test_a_queued_job_says_where_it_waits_in_kueues_words_until_admitted():
     plan = sim.step()
     assert len(plan.create) == 3 and all(kueue.is_gated(p) for p in sim.pods.values())
     assert sim.status["phase"] == "Queued"
+    plan = sim.step()
+    assert plan.requeue_at is not None and plan.requeue_at <= sim.now + 2  # Kueue's Workload is due any moment
     set_workload(
         sim,
         QuotaReserved=(
@@ -159,7 +161,7 @@ def test_a_queued_job_says_where_it_waits_in_kueues_words_until_admitted():
     assert sim.status["phase"] == "Queued" and sim.condition()["reason"] == "Queued"
     assert f"LocalQueue {QUEUE} (ClusterQueue {CLUSTER_QUEUE})" in message
     assert "all 3 pods" in message and "insufficient unused quota for nvidia.com/gpu, 2 more needed" in message
-    assert plan.requeue_at is not None and plan.requeue_at <= sim.now + 30  # Kueue's words are read again
+    assert plan.requeue_at is not None and sim.now + 2 < plan.requeue_at <= sim.now + 30  # read again, unhurried
     assert [r for _, r, _ in sim.api.recorded if r == "Queued"] == []  # waiting in a queue is no warning
     admit(sim)
     sim.step()

@@ -30,6 +30,18 @@ def test_samples_are_valid(sample, capsys):
     assert capsys.readouterr().out == ""
 
 
+KUEUE_SAMPLES = sorted((ROOT / "manifests" / "samples" / "kueue").glob("mnist-*.yaml"))
+
+
+@pytest.mark.parametrize("sample", KUEUE_SAMPLES, ids=[s.name for s in KUEUE_SAMPLES])
+def test_kueue_samples_are_valid_and_queued_in_the_demo_local_queue(sample, capsys):
+    assert main(["validate", "-f", str(sample)]) == 0
+    queues = list(yaml.safe_load_all((sample.parent / "queues.yaml").read_text()))
+    (local_queue,) = [q for q in queues if q["kind"] == "LocalQueue"]
+    job = yaml.safe_load(sample.read_text())
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == local_queue["metadata"]["name"]
+
+
 def test_samples_cover_every_strategy():
     strategies = {yaml.safe_load(s.read_text())["spec"]["strategy"] for s in SAMPLES}
     assert strategies == set(api.STRATEGIES)

@@ -1,0 +1,189 @@
+"""Real TensorFlow jobs on a Kueue-managed cluster: the node's 2 (fake) GPUs are a ClusterQueue's whole quota, and
+Kueue decides which job runs. The operator runs in the cluster, installed by the chart (its RBAC included)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kubetf import api, kueue
+from tests.cluster.fixture import wait_for
+from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
+
+from .conftest import elapsed, progress, sample, wait_progress
+
+
+@pytest.fixture(scope="module")
+def kueue_installed(kube_cluster, installed):
+    with kube_cluster.kueue():
+        make_flavor(installed)
+        priority_classes(installed, **{"kubetf-e2e-low": 100, "kubetf-e2e-high": 1000})
+        yield
+
+
+@pytest.fixture
+def queue(installed, namespace, kueue_installed):
+    made = Queue(installed, namespace, gpus=2)
+    yield made
+    finish_jobs(installed, namespace, timeout=120)
+    made.delete()
+
+
+def mnist(name: str, queue: Queue, epochs: int, priority: str | None = None) -> dict:
+    """The MNIST sample on 2 workers of 1 GPU each (the queue's whole quota), in `queue`."""
+    job = sample("mnist-mwms")
+    job["metadata"] = {"name": name, "labels": {kueue.QUEUE_LABEL: queue.local}}
+    if priority:
+        job["metadata"]["labels"][kueue.PRIORITY_LABEL] = priority
+    worker = job["spec"]["replicaSpecs"]["worker"]
+    worker["gpus"] = 1
+    args = worker["template"]["spec"]["containers"][0]["args"]
+    args[args.index("--epochs") + 1] = str(epochs)
+    args[args.index("--steps-per-epoch") + 1] = "10"
+    return job
+
+
+def submit(cluster, namespace: str, job: dict) -> dict:
+    return cluster.create_job(namespace, job["metadata"]["name"], job["spec"], labels=job["metadata"]["labels"])
+
+
+def running(cluster, namespace: str, job: str, count: int) -> bool:
+    pods = cluster.live_pods(namespace, job)
+    return len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods.values())
+
+
+def test_two_jobs_wanting_every_gpu_run_one_after_the_other(installed, namespace, queue):
+    cluster = installed
+    submit(cluster, namespace, mnist("a", queue, epochs=2))
+    admitted(cluster, namespace, "a", 2, "a admitted", 60)
+    submit(cluster, namespace, mnist("b", queue, epochs=2))
+    status = cluster.wait_phase(namespace, "b", "Queued", timeout=30)
+    message = wait_for(
+        lambda: (m := cluster.status(namespace, "b")["conditions"]) and "insufficient" in str(m) and str(m),
+        40,
+        "b's condition in Kueue's words",
+    )
+    assert f"ClusterQueue {queue.name}" in message and status["ready"] == "0/2"
+    assert all(kueue.is_gated(p) for p in cluster.pods(namespace, "b").values())  # no pod of b runs, none holds
+    cluster.wait_phase(namespace, "a", "Succeeded", timeout=600)
+    a_done = time.monotonic()
+    wait_for(lambda: running(cluster, namespace, "b", 2), 120, "b's pods Running", interval=0.2)
+    print(f"\na succeeded -> b's pods Running: {elapsed(a_done)}")
+    status = cluster.wait_phase(namespace, "b", "Succeeded", timeout=600)
+    assert status["restarts"]["total"] == 0
+
+
+def test_a_preempted_job_queues_again_and_resumes_from_its_checkpoint(installed, namespace, queue):
+    cluster = installed
+    submit(cluster, namespace, mnist("low", queue, epochs=6, priority="kubetf-e2e-low"))
+    wait_progress(
+        cluster,
+        namespace,
+        "low-worker-0",
+        lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= 2 for r in rs),
+        "two epochs of low (a checkpoint to resume from)",
+        timeout=600,
+    )
+    submit(cluster, namespace, mnist("high", queue, epochs=1, priority="kubetf-e2e-high"))
+    preempted = time.monotonic()
+    status = cluster.wait_phase(namespace, "low", "Queued", timeout=120)
+
+    def old_pods_gone() -> bool:
+        pods = cluster.pods(namespace, "low").values()
+        return all(p["metadata"]["labels"][api.LABEL_ATTEMPT] != "0" for p in pods)
+
+    wait_for(old_pods_gone, 120, "low's old pods gone", interval=0.2)
+    print(f"\nKueue's preemption -> low's old pods gone: {elapsed(preempted)}")
+    assert (status["restarts"]["disruptions"], status["restarts"]["failures"]) == (1, 0), status["restarts"]
+    assert "by Kueue" in status["restarts"]["lastReason"]
+    cluster.wait_phase(namespace, "high", "Succeeded", timeout=600)
+    status = cluster.wait_phase(namespace, "low", "Succeeded", timeout=900)
+    assert (status["restarts"]["disruptions"], status["restarts"]["failures"]) == (1, 0)
+    records = progress(cluster, namespace, "low-worker-0")
+    (start,) = [r for r in records if r["kubetf"] == "start"]
+    assert start["initial_epoch"] >= 2, records  # resumed from the checkpoint volume, not from scratch
+
+
+def test_an_evicted_worker_restarts_the_group_without_ever_queueing(installed, namespace, queue):
+    cluster = installed
+    job = submit(cluster, namespace, mnist("mwms", queue, epochs=4))
+    wait_progress(
+        cluster,
+        namespace,
+        "mwms-worker-0",
+        lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= 1 for r in rs),
+        "a first epoch",
+        timeout=600,
+    )
+    workload = queue.workload(job)
+    seen: dict[str, set] = {"phases": set(), "workloads": set(), "gpus": set()}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen["phases"].add(cluster.status(namespace, "mwms").get("phase"))
+            now = queue.workload(job) or {"metadata": {}}
+            admitted_now = any(
+                c["type"] == "Admitted" and c["status"] == "True" for c in now.get("status", {}).get("conditions", [])
+            )
+            seen["workloads"].add((now["metadata"].get("uid"), admitted_now))
+            seen["gpus"].add(queue.gpus_in_use())
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "mwms-worker-1"}}
+        cluster.core.create_namespaced_pod_eviction("mwms-worker-1", namespace, body)
+        evicted = time.monotonic()
+
+        def new_group_running() -> bool:
+            pods = cluster.live_pods(namespace, "mwms")
+            return running(cluster, namespace, "mwms", 2) and all(
+                p["metadata"]["labels"][api.LABEL_ATTEMPT] == "1" for p in pods.values()
+            )
+
+        wait_for(new_group_running, 300, "the new group running", interval=0.2)
+        print(f"\neviction -> the new group Running under the same admission: {elapsed(evicted)}")
+    finally:
+        stop.set()
+        watcher.join()
+    assert "Queued" not in seen["phases"], seen["phases"]
+    assert seen["workloads"] == {(workload["metadata"]["uid"], True)}, "the Workload was replaced or lost its admission"
+    assert seen["gpus"] == {2}, f"the quota was released in between: {seen['gpus']}"
+    status = cluster.wait_phase(namespace, "mwms", "Succeeded", timeout=600)
+    assert status["restarts"]["disruptions"] == 1
+
+
+def test_a_parameter_server_job_gives_its_quota_back_when_it_succeeds(installed, namespace, queue):
+    cluster = installed
+    job = sample("ps-training")
+    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: queue.local}
+    submit(cluster, namespace, job)
+    admitted(cluster, namespace, "ps-training", 5, "ps-training admitted whole", 120)
+    wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 1, 30, "the ClusterQueue to count the job")
+    cluster.wait_phase(namespace, "ps-training", "Succeeded", timeout=900)
+    succeeded = time.monotonic()
+    # ps pods never exit by themselves: stopped by the operator, marked so that Kueue finishes the group.
+    wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 0, 15, "the ClusterQueue's usage back to 0")
+    print(f"\nps-training succeeded -> its quota released: {elapsed(succeeded)}")
+    assert queue.workload(job) is None or any(
+        c["type"] == "Finished" and c["status"] == "True" for c in queue.workload(job)["status"]["conditions"]
+    )
+
+
+def test_suspending_then_deleting_an_admitted_job_releases_its_quota(installed, namespace, queue):
+    cluster = installed
+    submit(cluster, namespace, mnist("s", queue, epochs=20))
+    wait_for(lambda: running(cluster, namespace, "s", 2), 300, "s Running", interval=0.5)
+    wait_for(lambda: queue.gpus_in_use() == 2, 30, "s holding 2 GPUs")
+    cluster.patch_spec(namespace, "s", {"runPolicy": {"suspend": True}})
+    wait_for(lambda: queue.gpus_in_use() == 0, 60, "the quota released on suspend")
+    cluster.wait_phase(namespace, "s", "Suspended", timeout=60)
+    cluster.patch_spec(namespace, "s", {"runPolicy": {"suspend": False}})
+    wait_for(lambda: running(cluster, namespace, "s", 2), 300, "s Running again after the resume", interval=0.5)
+    cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", "s")
+    wait_for(lambda: queue.gpus_in_use() == 0, 60, "the quota released on delete")
+    wait_for(lambda: not cluster.pods(namespace, "s"), 180, "the pods gone, none stuck on Kueue's finalizer")
