@@ -34,7 +34,8 @@ AUDIT_AFTER_START = 20.0  # seconds: the watches have listed by then
 NODE_STATE_SECONDS = 5.0  # how long a node's Ready state read from the API serves every job with pods there
 # A previous job's Service or PVC is usually garbage-collected within seconds: look again soon, not after 5 minutes.
 NAME_IN_USE_RECHECK = 10.0
-LOCAL_QUEUE_SECONDS = 30.0  # how long a LocalQueue read from the API (its ClusterQueue, or its absence) serves
+# How long a LocalQueue read from the API serves (its ClusterQueue), and its absence: one created late is seen soon.
+LOCAL_QUEUE_SECONDS, NO_LOCAL_QUEUE_SECONDS = 30.0, 5.0
 
 
 class Controller:
@@ -240,7 +241,7 @@ class Controller:
         now = self.clock()
         original = job.get("status") or {}
         lost_nodes = self._lost_nodes(pods, now)
-        admission = self._admission(job, pods, now)
+        admission = self._admission(job, now)
         plan = reconcile.plan(job, pods, now, lost_nodes, admission)
         refusal = None
         trial = reconcile.dry_run_objects(plan)
@@ -312,7 +313,7 @@ class Controller:
             raise Refused(refusal)  # recorded and reported; retried with this job's backoff
         return plan
 
-    def _admission(self, job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> kueue.Admission | None:
+    def _admission(self, job: dict[str, Any], now: float) -> kueue.Admission | None:
         """What Kueue says of a queued job that has not ended: its LocalQueue (cached) and its group's Workload."""
         queue = kueue.queue_name(job)
         suspended = ((job.get("spec") or {}).get("runPolicy") or {}).get("suspend")
@@ -323,7 +324,7 @@ class Controller:
             read_at, installed, cluster_queue = self.local_queues.get(
                 (namespace, queue), (-LOCAL_QUEUE_SECONDS, True, None)
             )
-        if now - read_at >= LOCAL_QUEUE_SECONDS:
+        if now - read_at >= (LOCAL_QUEUE_SECONDS if cluster_queue else NO_LOCAL_QUEUE_SECONDS):
             installed, cluster_queue = self.kube.local_queue(namespace, queue)
             with self.lock:
                 self.local_queues[(namespace, queue)] = (now, installed, cluster_queue)

@@ -383,6 +383,8 @@ def _kueue_bookkeeping(result: Plan, pods: list[Pod], lost_nodes: frozenset[str]
     """Kueue's side of the plan (see kubetf.kueue): a job that ends marks its pods not to be replaced, so Kueue
     finishes its Workload and releases the quota; deleted pods that run nothing lose Kueue's finalizer, so their
     names are free for replacements and an ending job's pods are gone at once."""
+    if not any(kueue.FINALIZER in ((p.get("metadata") or {}).get("finalizers") or []) for p in pods):
+        return  # no pod of the job is Kueue's
     ending = result.status.get("phase") in (*st.FINISHED, st.SUSPENDED) or result.delete_job
     if ending:
         result.unretriable = kueue.needs_unretriable(pods)
