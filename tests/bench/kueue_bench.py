@@ -34,7 +34,7 @@ POD_SPEC = {
             "name": "tensorflow",
             "image": "kubetf/python-base:bookworm",
             "imagePullPolicy": "IfNotPresent",
-            "command": ["sleep", "3600"],
+            "args": ["sleep", "3600"],  # the image's init (tini) stays PID 1: SIGTERM ends it at once
             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
         }
     ],
