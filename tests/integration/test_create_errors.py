@@ -35,7 +35,8 @@ def services(cluster, namespace):
 
 def quota(cluster, namespace, pods):
     """A ResourceQuota of `pods` pods, once the quota controller has filled its status (admission refuses every pod
-    of a namespace whose quota has no status yet)."""
+    of a namespace whose quota has no status yet). The controller holds new quotas while it re-syncs its monitors
+    (after API resources come or go), which took over 20 s once on a busy machine."""
     body = {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": str(pods)}}}
     try:
         cluster.core.create_namespaced_resource_quota(namespace, body)
@@ -47,7 +48,7 @@ def quota(cluster, namespace, pods):
         lambda: (
             (cluster.core.read_namespaced_resource_quota("pods", namespace).status.hard or {}).get("pods") == str(pods)
         ),
-        20,
+        60,
         f"the quota of {pods} pods in force",
     )
 

@@ -204,7 +204,7 @@ def test_active_deadline_fires_without_any_other_event(cluster, namespace):
 
 def test_startup_timeout_fails_a_job_stuck_pending(cluster, namespace):
     cluster.create_job(namespace, "st", mwms_spec(startupTimeoutSeconds=3))
-    status = cluster.wait_phase(namespace, "st", "Failed", timeout=10)
+    status = cluster.wait_phase(namespace, "st", "Failed", timeout=30)
     assert status["reason"] == "StartupTimeout"
     assert "startupTimeoutSeconds=3" in next(c["message"] for c in status["conditions"] if c["status"] == "True")
 
