@@ -45,6 +45,11 @@ def mnist(name: str, queue: Queue, epochs: int, priority: str | None = None) -> 
     return job
 
 
+def condition_message(cluster, namespace: str, name: str) -> str:
+    status = cluster.status(namespace, name)
+    return next((c.get("message", "") for c in status.get("conditions") or [] if c["status"] == "True"), "")
+
+
 def submit(cluster, namespace: str, job: dict) -> dict:
     return cluster.create_job(namespace, job["metadata"]["name"], job["spec"], labels=job["metadata"]["labels"])
 
@@ -60,11 +65,18 @@ def test_two_jobs_wanting_every_gpu_run_one_after_the_other(installed, namespace
     admitted(cluster, namespace, "a", 2, "a admitted", 60)
     submit(cluster, namespace, mnist("b", queue, epochs=2))
     status = cluster.wait_phase(namespace, "b", "Queued", timeout=30)
-    message = wait_for(
-        lambda: (m := cluster.status(namespace, "b")["conditions"]) and "insufficient" in str(m) and str(m),
-        40,
-        "b's condition in Kueue's words",
-    )
+    seen = []
+
+    def in_kueues_words() -> str | None:
+        message = condition_message(cluster, namespace, "b")
+        seen.append(message)
+        return message if "insufficient" in message else None
+
+    # The operator reads Kueue's words every 2 s until there are some, then every 30 s.
+    try:
+        message = wait_for(in_kueues_words, 75, "b's condition in Kueue's words")
+    except pytest.fail.Exception:
+        pytest.fail(f"b's condition never carried Kueue's reason; it said: {sorted(set(seen))}")
     assert f"ClusterQueue {queue.name}" in message and status["ready"] == "0/2"
     assert all(kueue.is_gated(p) for p in cluster.pods(namespace, "b").values())  # no pod of b runs, none holds
     cluster.wait_phase(namespace, "a", "Succeeded", timeout=600)
