@@ -206,10 +206,14 @@ def _plan(
         return result
 
     _derive_phase(job, views, phase, status, transition, now, admission)
-    if status.get("phase") == st.QUEUED:
-        waited = admission is not None and admission.has_words
-        result.wake_at(now + (QUEUED_RECHECK_SECONDS if waited else QUEUED_FIRST_WORDS_SECONDS))
+    _recheck_while_queued(result, status, now)
     return result
+
+
+def _recheck_while_queued(plan_: Plan, status: dict[str, Any], now: float) -> None:
+    if status.get("phase") == st.QUEUED:
+        waited = plan_.admission is not None and plan_.admission.has_words
+        plan_.wake_at(now + (QUEUED_RECHECK_SECONDS if waited else QUEUED_FIRST_WORDS_SECONDS))
 
 
 def _previous_runs_workload(admission: kueue.Admission | None, pods: list[Pod]) -> bool:
@@ -242,6 +246,7 @@ def after_creation(plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], 
         now,
         plan_.admission,
     )
+    _recheck_while_queued(plan_, status, now)  # the pods just created are queued: Kueue sends no event
     return status
 
 
@@ -596,8 +601,10 @@ def after_creates(
     Pending (or Restarting) with the reason in its condition, a Warning event, and startupTimeoutSeconds counting
     from the first refusal. None: nothing was refused, the wait (if any) is over."""
     if refusal is None:
-        status = {k: v for k, v in plan_.status.items() if k != REFUSED_SINCE}
-        return after_creation(dataclasses.replace(plan_, status=status), pods, created, now)
+        without = dataclasses.replace(plan_, status={k: v for k, v in plan_.status.items() if k != REFUSED_SINCE})
+        status = after_creation(without, pods, created, now)
+        plan_.wake_at(without.requeue_at)
+        return status
     status = after_creation(plan_, pods, created, now)
     job = plan_.job
     generation = job["metadata"].get("generation")

@@ -147,6 +147,7 @@ def test_a_queued_job_says_where_it_waits_in_kueues_words_until_admitted():
     plan = sim.step()
     assert len(plan.create) == 3 and all(kueue.is_gated(p) for p in sim.pods.values())
     assert sim.status["phase"] == "Queued"
+    assert plan.requeue_at is not None and plan.requeue_at <= sim.now + 2  # no event comes from Kueue: look again
     plan = sim.step()
     assert plan.requeue_at is not None and plan.requeue_at <= sim.now + 2  # Kueue's Workload is due any moment
     set_workload(
