@@ -127,5 +127,13 @@ def wait_progress(cluster: Cluster, namespace: str, pod: str, predicate, what: s
     return wait_for(check, timeout, what, interval=1.0)
 
 
+def wait_epoch(cluster: Cluster, namespace: str, pod: str, epoch: int, what: str, timeout: float = 600) -> list:
+    """The pod's progress records once its trainer has finished `epoch` epochs."""
+    return wait_progress(
+        cluster, namespace, pod, lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= epoch for r in rs), what,
+        timeout,
+    )  # fmt: skip
+
+
 def elapsed(start: float) -> str:
     return f"{time.monotonic() - start:.1f}s"

@@ -12,7 +12,7 @@ from kubetf import api, kueue
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
 
-from .conftest import elapsed, progress, sample, wait_progress
+from .conftest import elapsed, progress, sample, wait_epoch
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +90,7 @@ def test_two_jobs_wanting_every_gpu_run_one_after_the_other(installed, namespace
 def test_a_preempted_job_queues_again_and_resumes_from_its_checkpoint(installed, namespace, queue):
     cluster = installed
     submit(cluster, namespace, mnist("low", queue, epochs=6, priority="kubetf-e2e-low"))
-    wait_progress(
-        cluster,
-        namespace,
-        "low-worker-0",
-        lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= 2 for r in rs),
-        "two epochs of low (a checkpoint to resume from)",
-        timeout=600,
-    )
+    wait_epoch(cluster, namespace, "low-worker-0", 2, "two epochs of low (a checkpoint to resume from)", timeout=600)
     submit(cluster, namespace, mnist("high", queue, epochs=1, priority="kubetf-e2e-high"))
     preempted = time.monotonic()
     status = cluster.wait_phase(namespace, "low", "Queued", timeout=120)
@@ -121,14 +114,7 @@ def test_a_preempted_job_queues_again_and_resumes_from_its_checkpoint(installed,
 def test_an_evicted_worker_restarts_the_group_without_ever_queueing(installed, namespace, queue):
     cluster = installed
     job = submit(cluster, namespace, mnist("mwms", queue, epochs=4))
-    wait_progress(
-        cluster,
-        namespace,
-        "mwms-worker-0",
-        lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= 1 for r in rs),
-        "a first epoch",
-        timeout=600,
-    )
+    wait_epoch(cluster, namespace, "mwms-worker-0", 1, "a first epoch", timeout=600)
     workload = queue.workload(job)
     seen: dict[str, set] = {"phases": set(), "workloads": set(), "gpus": set()}
     stop = threading.Event()

@@ -10,7 +10,7 @@ from kubernetes import client
 from kubetf import api
 from tests.cluster.fixture import wait_for
 
-from .conftest import OPERATOR_NAMESPACE, create, elapsed, progress, sample, wait_progress
+from .conftest import OPERATOR_NAMESPACE, create, elapsed, progress, sample, wait_epoch
 
 
 def reader_pod(cluster, namespace, claim, command):
@@ -120,13 +120,8 @@ def test_eviction_restarts_the_group_which_resumes_from_the_last_checkpoint(inst
     container = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
     container["args"] = [{"5": "8", "20": "30"}.get(a, a) for a in container["args"]]
     create(cluster, namespace, job)
-    wait_progress(
-        cluster,
-        namespace,
-        "mnist-mwms-worker-0",
-        lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= 2 for r in rs),
-        "two epochs done (a checkpoint to resume from)",
-        timeout=600,
+    wait_epoch(
+        cluster, namespace, "mnist-mwms-worker-0", 2, "two epochs done (a checkpoint to resume from)", timeout=600
     )
     victim = cluster.pods(namespace, "mnist-mwms")["mnist-mwms-worker-1"]
     evicted_at = time.monotonic()
@@ -164,13 +159,7 @@ def test_parameter_server_job_with_evaluator_succeeds_and_a_deleted_worker_is_re
     cluster = installed
     job = sample("ps-training")
     create(cluster, namespace, job)
-    wait_progress(
-        cluster,
-        namespace,
-        "ps-training-chief-0",
-        lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= 1 for r in rs),
-        "a first epoch",
-    )
+    wait_epoch(cluster, namespace, "ps-training-chief-0", 1, "a first epoch", timeout=300)
     before = {n: p["metadata"]["uid"] for n, p in cluster.live_pods(namespace, "ps-training").items()}
     cluster.delete_pod(cluster.pods(namespace, "ps-training")["ps-training-worker-1"])
     evals = []
