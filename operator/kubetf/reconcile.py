@@ -247,6 +247,9 @@ def after_creation(plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], 
         plan_.admission,
     )
     _recheck_while_queued(plan_, status, now)  # the pods just created are queued: Kueue sends no event
+    # Their timers too: their ADDED events carry nothing the creates did not return, so they bring no reconcile.
+    _wake_when_waits_turn_into_warnings(views, now, plan_)
+    _startup_timeout(job, views, status, now, plan_, lambda *_: None)
     return status
 
 

@@ -89,8 +89,9 @@ class KubeCluster:
                 _run_script("kueue-delete")
 
 
-def wait_for(predicate: Any, timeout: float = 15.0, what: str = "condition", interval: float = 0.05) -> Any:
-    """Poll until `predicate()` is truthy and return it; fail the test with the last value seen."""
+def wait_for(predicate: Any, timeout: float = 15.0, what: Any = "condition", interval: float = 0.05) -> Any:
+    """Poll until `predicate()` is truthy and return it; fail the test with the last value seen. `what` may be a
+    callable: it then describes the state at the time of the failure, not at the start of the wait."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -98,7 +99,7 @@ def wait_for(predicate: Any, timeout: float = 15.0, what: str = "condition", int
         if last:
             return last
         time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+    pytest.fail(f"timed out after {timeout}s waiting for {what() if callable(what) else what}; last value: {last!r}")
 
 
 def _add_bin_dir_to_path() -> None:

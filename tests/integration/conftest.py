@@ -35,6 +35,21 @@ ROOT = Path(__file__).resolve().parents[2]
 UNSCHEDULED = "kubetf-test-unscheduled"
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the operator's log lines about its namespace: CI prints only the report,
+    and a timeout alone does not say what the operator did meanwhile."""
+    report = yield
+    operator = item.funcargs.get("operator") if hasattr(item, "funcargs") else None
+    namespace = item.funcargs.get("namespace") if hasattr(item, "funcargs") else None
+    if report.failed and isinstance(operator, Operator) and isinstance(namespace, str) and operator.log_path.exists():
+        lines = operator.log_path.read_text(errors="replace").splitlines()
+        about = [line for line in lines if namespace in line][-80:]
+        report.sections.append((f"operator log about {namespace} ({operator.log_path})", "\n".join(about)))
+        report.sections.append(("operator log, last lines", "\n".join(lines[-30:])))
+    return report
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/integration/" in str(item.fspath):
@@ -147,7 +162,7 @@ class Cluster:
         return wait_for(
             lambda: (s := self.status(namespace, name)).get("phase") == phase and s,
             timeout,
-            f"{name} to be {phase} (status: {self.status(namespace, name)})",
+            lambda: f"{name} to be {phase} (status: {self.status(namespace, name)})",
         )
 
     # --- pods

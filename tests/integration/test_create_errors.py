@@ -25,7 +25,7 @@ def wait_reason(cluster, namespace, name, reason, timeout=20):
     return wait_for(
         lambda: (s := cluster.status(namespace, name)).get("reason") == reason and s,
         timeout,
-        f"{name} to have reason {reason} (status: {cluster.status(namespace, name)})",
+        lambda: f"{name} to have reason {reason} (status: {cluster.status(namespace, name)})",
     )
 
 

@@ -80,6 +80,20 @@ def test_the_echo_of_its_own_status_write_costs_no_reconcile():
     assert shell.queued() == []
 
 
+def test_the_reconcile_that_creates_the_pods_sets_their_startup_timeout():
+    document = mwms()
+    document["spec"]["runPolicy"] = {"startupTimeoutSeconds": 3}
+    shell = Shell(document)
+    shell.queued()
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)  # the ADDED events carry what the creates returned: no reconcile for them
+    assert shell.queued() == []
+    assert shell.controller.queue.due[(shell.key, NORMAL)] == T0 + 3
+    shell.now += 3
+    shell.controller.reconcile(shell.key)
+    assert (shell.status()["phase"], shell.status()["reason"]) == ("Failed", "StartupTimeout")
+
+
 def test_reads_come_from_the_cache_not_the_api():
     shell = Shell(mwms())
     shell.running()
@@ -147,7 +161,7 @@ def test_a_resync_rereads_the_api_and_acts_on_a_deletion_the_watch_missed():
 
 def test_a_deadline_timer_adds_to_the_safety_resync_instead_of_replacing_it():
     document = mwms()
-    document["spec"]["runPolicy"] = {"activeDeadlineSeconds": 86400}
+    document["spec"]["runPolicy"] = {"activeDeadlineSeconds": 86400, "startupTimeoutSeconds": 2 * 86400}
     shell = Shell(document)
     shell.controller.reconcile(shell.key)
     due = shell.controller.queue.due
