@@ -183,6 +183,8 @@ def desired_pod(job: Job, role: str, index: int, attempt: int = 0) -> dict[str, 
     container["env"] = [e for e in container.get("env") or [] if e.get("name") not in ours] + [
         {"name": key, "value": value} for key, value in ours.items()
     ]
+    # A program that fails leaves its last log lines as the termination message: the restart's reason quotes them.
+    container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     ports = [p for p in container.get("ports") or [] if p.get("containerPort") != spec["port"]]
     container["ports"] = [*ports, {"name": PORT_NAME, "containerPort": spec["port"], "protocol": "TCP"}]
 

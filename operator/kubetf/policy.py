@@ -5,6 +5,7 @@ Pure rules shared by the operator and `kubetf local` (see ../shared/notes/tensor
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any
@@ -108,12 +109,22 @@ def classify_pod(pod: dict[str, Any], restart_policy: str) -> Termination | None
         return Termination(Outcome.DISRUPTED, disruption, terminated.get("exitCode") if terminated else None)
     if not terminated:
         return Termination(Outcome.FAILED, status.get("reason") or status.get("message") or "pod failed")
-    return classify_exit(
+    termination = classify_exit(
         int(terminated.get("exitCode", 1)),
         restart_policy,
         oom_killed=terminated.get("reason") == "OOMKilled",
         stopped_from_outside=bool((pod.get("metadata") or {}).get("deletionTimestamp")),
     )
+    last_words = _last_line(terminated.get("message"))
+    if last_words and termination.outcome in (Outcome.FAILED, Outcome.PERMANENT):
+        return dataclasses.replace(termination, reason=f"{termination.reason}: {last_words}")
+    return termination
+
+
+def _last_line(message: str | None, limit: int = 200) -> str:
+    """The last line a failed program left (its termination message: a traceback ends with the exception)."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else ""
 
 
 def _training_container_terminated(pod: dict[str, Any]) -> dict[str, Any] | None:

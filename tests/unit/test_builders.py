@@ -254,3 +254,13 @@ def test_attempt_label_changes_only_the_label():
     assert second["metadata"]["labels"]["kubetf.io/attempt"] == "3"
     second["metadata"]["labels"]["kubetf.io/attempt"] = "0"
     assert first == second
+
+
+def test_the_training_container_leaves_its_last_log_lines_on_failure_unless_the_template_says_otherwise():
+    document = job(
+        chief=replica(1),
+        worker=replica(1, template={"spec": {"containers": [container(terminationMessagePolicy="File")]}}),
+    )
+    chief, worker = rendered(document)[0]
+    assert chief["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert worker["spec"]["containers"][0]["terminationMessagePolicy"] == "File"

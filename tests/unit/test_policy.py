@@ -119,6 +119,17 @@ def test_preemption_is_told_from_failure(situation, the_pod, restart_policy, out
     assert policy.classify_pod(the_pod, restart_policy).outcome is outcome, situation
 
 
+def test_a_failure_quotes_the_last_line_the_program_left():
+    failed = pod("Failed", 1)
+    terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
+    terminated["message"] = 'Traceback (most recent call last):\n  File "train.py"\nValueError: bad shape (3, 4)\n\n'
+    assert policy.classify_pod(failed, "OnFailure").reason == "exit code 1: ValueError: bad shape (3, 4)"
+    # A disruption's reason is the disruption, whatever the program printed as it was stopped.
+    evicted = pod("Failed", 143, conditions=[EVICTED])
+    evicted["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = "KeyboardInterrupt"
+    assert "KeyboardInterrupt" not in policy.classify_pod(evicted, "OnFailure").reason
+
+
 def test_running_pod_has_not_ended():
     assert policy.classify_pod(pod("Running"), "OnFailure") is None
 
