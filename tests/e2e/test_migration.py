@@ -102,18 +102,21 @@ def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(inst
     status = cluster.wait_phase(namespace, "dist-mnist", "Succeeded", timeout=900)
     print(f"dist-mnist: ps deleted -> Succeeded {elapsed(deleted)}")
 
-    assert status["restarts"] == status["restarts"] | {"failures": 0, "disruptions": 1}
-    assert {task: state["attempt"] for task, state in status["tasks"].items()} == {
-        "ps-0": 1,
-        "worker-0": 0,
-        "worker-1": 0,
-    }
-    # Both workers recreated their session on the new ps and went on from the chief's checkpoint.
-    for worker in ("dist-mnist-worker-0", "dist-mnist-worker-1"):
-        lines = log(cluster, namespace, worker)
-        # At least one recovered session (a worker may recover twice while the new ps comes up).
-        resumed, *_ = tf1_records(lines, "resumed")
-        assert 200 <= resumed["step"] < 20000, resumed
+    restarts = status["restarts"]
+    attempts = {task: state["attempt"] for task, state in status["tasks"].items()}
+    assert restarts["disruptions"] == 1 and attempts["ps-0"] == 1, status  # the ps alone, a disruption
+    # TF1's recovery is TensorFlow's: a worker whose step hits an error MonitoredTrainingSession does not retry
+    # exits 1 (seen about 1 run in 6 on a loaded machine). kubetf then restarts that worker alone, as a failure, and
+    # it rejoins from the checkpoint; the job still succeeds.
+    assert restarts["failures"] == attempts["worker-0"] + attempts["worker-1"], status
+    if restarts["failures"]:
+        print(f"dist-mnist: a worker failed while the ps came back: {restarts['lastReason']}")
+    for task in ("worker-0", "worker-1"):
+        lines = log(cluster, namespace, f"dist-mnist-{task}")
+        # A recovered session (a worker may recover twice while the new ps comes up), or a restarted worker's
+        # first session, goes on from the chief's checkpoint.
+        sessions = tf1_records(lines, "resumed" if attempts[task] == 0 else "session")
+        assert sessions and 200 <= sessions[0]["step"] <= (20000 if attempts[task] else 19999), (task, sessions)
         (done,) = tf1_records(lines, "done")
         assert done["step"] >= 19990
     # The ps never exits by itself: cleanPodPolicy Running stops it.
