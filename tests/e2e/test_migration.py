@@ -116,7 +116,8 @@ def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(inst
         # A recovered session (a worker may recover twice while the new ps comes up), or a restarted worker's
         # first session, goes on from the chief's checkpoint.
         sessions = tf1_records(lines, "resumed" if attempts[task] == 0 else "session")
-        assert sessions and 200 <= sessions[0]["step"] <= (20000 if attempts[task] else 19999), (task, sessions)
+        assert sessions and sessions[0]["step"] >= 200, (task, sessions)
+        assert attempts[task] or sessions[0]["step"] < 20000, (task, sessions)  # recovered mid-training
         (done,) = tf1_records(lines, "done")
         assert done["step"] >= 19990
     # The ps never exits by itself: cleanPodPolicy Running stops it.
