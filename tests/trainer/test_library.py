@@ -14,7 +14,7 @@ from conftest import REPO, make_job
 from kubetf import api, builders, local
 from kubetf.jobctl import progress_line
 from kubetf_trainer import data
-from kubetf_trainer.env import task_info
+from kubetf_trainer.env import clear_backup_scratch, task_info
 from kubetf_trainer.progress import emit
 
 
@@ -51,6 +51,24 @@ def test_worker0_is_chief_without_a_chief_and_standalone_defaults():
     assert (alone.role, alone.index, alone.strategy, alone.is_chief) == ("worker", 0, "Mirrored", True)
     with pytest.raises(ValueError):
         task_info({"KUBETF_STRATEGY": "Horovod"})
+
+
+def test_a_killed_workers_backup_scratch_is_cleared_and_the_chiefs_backup_kept(tmp_path):
+    # What a non-chief MWMS worker SIGKILLed while tf-keras deleted its scratch copy leaves: the state
+    # file still names ckpt-2, whose data is gone; restoring from it raised NotFoundError on restart.
+    backup = tmp_path / "backup"
+    for name in ("checkpoint", "ckpt-2.index", "ckpt-2.data-00000-of-00001"):
+        (backup / "chief").mkdir(parents=True, exist_ok=True)
+        (backup / "chief" / name).write_text("x")
+    (backup / "workertemp_1").mkdir()
+    (backup / "workertemp_1" / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\n')
+    (backup / "workertemp_2").mkdir()
+
+    assert clear_backup_scratch(str(backup), 1)
+    assert sorted(os.listdir(backup)) == ["chief", "workertemp_2"]  # only this worker's scratch
+    assert len(os.listdir(backup / "chief")) == 3
+    assert not clear_backup_scratch(str(backup), 1)
+    assert not clear_backup_scratch(str(tmp_path / "none"), 1)
 
 
 def test_progress_lines_round_trip(capsys):

@@ -15,7 +15,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf
 
-from .env import TaskInfo, task_info
+from .env import TaskInfo, clear_backup_scratch, task_info
 from .progress import emit
 from .signals import SIGTERM_EXIT_CODE
 
@@ -127,6 +127,10 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
         return bool(self._want_preemption) or super()._implements_train_batch_hooks()
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        strategy = self.model.distribute_strategy
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and not strategy.extended.should_checkpoint:
+            # A scratch directory left by a killed run must not be restored from (see clear_backup_scratch).
+            clear_backup_scratch(self.backup_dir, strategy.extended._task_id)
         super().on_train_begin(logs)
         if not (self._want_preemption and self._preemption_supported()):
             return

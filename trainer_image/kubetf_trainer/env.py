@@ -1,4 +1,4 @@
-"""Who am I in the job: TF_CONFIG and the KUBETF_* variables the operator injects.
+"""Who am I in the job: TF_CONFIG and the KUBETF_* variables the operator injects; where my files are.
 
 Pure Python (no TensorFlow import), so tools can use it too.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,3 +107,19 @@ def task_info(environ: dict[str, str] | None = None) -> TaskInfo:
         cluster=cluster,
         tf_config=tf_config,
     )
+
+
+def clear_backup_scratch(backup_dir: str, task_id: int) -> bool:
+    """Delete ``backup_dir/workertemp_<task_id>``, a non-chief MultiWorkerMirrored worker's scratch copy
+    of the backup; returns whether there was one. Call it before BackupAndRestore builds its state.
+
+    Every worker must take part in a save, so tf-keras has the non-chief ones save there and deletes the
+    directory after each save: it never holds anything to keep. A worker killed during that delete leaves
+    a ``checkpoint`` file naming deleted data, and every restart fails with NotFoundError: the
+    PreemptionCheckpointHandler (ours, or tf-keras' own on GCP) first restores from this scratch directory.
+    """
+    path = os.path.join(backup_dir, f"workertemp_{task_id}")  # tf-keras' distributed_file_utils name
+    if not os.path.isdir(path):
+        return False
+    shutil.rmtree(path)
+    return True
