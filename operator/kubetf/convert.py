@@ -34,8 +34,6 @@ RUN_POLICY_FIELDS = ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFi
 LEGACY_RUN_POLICY_FIELDS = ("cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
 GANG_SCHEDULING = "kubetf has no gang scheduling: it creates every pod at once, and runPolicy.startupTimeoutSeconds"
 SCHEDULING_NOTES = {
-    "queue": "not carried over: kubetf does not queue jobs yet (Kueue support will make it the "
-    f"{KUEUE_QUEUE_LABEL} label)",
     "minAvailable": f"not carried over: {GANG_SCHEDULING} fails a job whose pods cannot all start",
     "minResources": f"not carried over: {GANG_SCHEDULING} fails a job whose pods cannot all start",
     "scheduleTimeoutSeconds": "not carried over: runPolicy.startupTimeoutSeconds (default 600) fails the job when "
@@ -119,7 +117,7 @@ def convert(tfjob: Any, strategy: str | None = None) -> Conversion:
             "spec.runPolicy.cleanPodPolicy: not set, so Kubeflow (default None) left ps pods running after the job "
             "ended; kubetf's default Running stops them (set cleanPodPolicy: None to keep them)"
         )
-    _scheduling_policy(run_policy.get("schedulingPolicy"), out_specs, notes)
+    _scheduling_policy(run_policy.get("schedulingPolicy"), metadata, out_specs, notes)
     _managed_by(run_policy.get("managedBy"), notes)
     for dropped in sorted(set(run_policy) - {*RUN_POLICY_FIELDS, "schedulingPolicy", "managedBy"}):
         notes.append(f"spec.runPolicy.{dropped}: not carried over (kubetf has no equivalent)")
@@ -142,11 +140,6 @@ def _metadata(source: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     annotations = {k: v for k, v in (source.get("annotations") or {}).items() if k != LAST_APPLIED}
     if annotations:
         metadata["annotations"] = annotations
-    if KUEUE_QUEUE_LABEL in (source.get("labels") or {}):
-        notes.append(
-            f"metadata.labels[{KUEUE_QUEUE_LABEL}]: kept, but kubetf does not work with Kueue yet: "
-            "the job starts without waiting for admission"
-        )
     return metadata
 
 
@@ -221,10 +214,21 @@ def _strategy(
     return picked
 
 
-def _scheduling_policy(policy: Any, replica_specs: dict[str, dict[str, Any]], notes: list[str]) -> None:
+def _scheduling_policy(
+    policy: Any, metadata: dict[str, Any], replica_specs: dict[str, dict[str, Any]], notes: list[str]
+) -> None:
     for key, value in (policy or {}).items():
         path = f"spec.runPolicy.schedulingPolicy.{key}"
-        if key == "priorityClass" and value:
+        if key == "queue" and value:
+            labels = metadata.setdefault("labels", {})
+            if labels.setdefault(KUEUE_QUEUE_LABEL, value) == value:
+                notes.append(
+                    f"{path}: set as the {KUEUE_QUEUE_LABEL} label: Kueue admits the job from LocalQueue {value} "
+                    "(Kubeflow gave the queue to Volcano's PodGroup)"
+                )
+            else:
+                notes.append(f"{path}: {value} not carried over: the job's {KUEUE_QUEUE_LABEL} label names the queue")
+        elif key == "priorityClass" and value:
             for spec in replica_specs.values():
                 spec["template"].setdefault("spec", {}).setdefault("priorityClassName", value)
             notes.append(

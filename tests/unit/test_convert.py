@@ -266,6 +266,7 @@ def test_run_policy_carries_over_or_is_explained_field_by_field():
         "suspend": True,
     }
     assert job["spec"]["successPolicy"] == "AllWorkers"
+    assert job["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a"}
     for spec in job["spec"]["replicaSpecs"].values():
         assert spec["template"]["spec"]["priorityClassName"] == "high"
     gang = "kubetf has no gang scheduling: it creates every pod at once, and runPolicy.startupTimeoutSeconds fails "
@@ -274,8 +275,8 @@ def test_run_policy_carries_over_or_is_explained_field_by_field():
         "spec.tfReplicaSpecs.Chief.restartPolicy: ExitCode now retries exit codes 128-255 up to "
         "runPolicy.backoffLimit (Kubeflow retried them without limit); 137, 143 and 42 are preemptions and never count",
         f"spec.runPolicy.schedulingPolicy.minAvailable: not carried over: {gang}",
-        "spec.runPolicy.schedulingPolicy.queue: not carried over: kubetf does not queue jobs yet (Kueue support will "
-        "make it the kueue.x-k8s.io/queue-name label)",
+        "spec.runPolicy.schedulingPolicy.queue: set as the kueue.x-k8s.io/queue-name label: Kueue admits the job "
+        "from LocalQueue team-a (Kubeflow gave the queue to Volcano's PodGroup)",
         f"spec.runPolicy.schedulingPolicy.minResources: not carried over: {gang}",
         "spec.runPolicy.schedulingPolicy.priorityClass: set as priorityClassName on every pod template that has "
         "none (Kubeflow gave it to the gang-scheduling PodGroup)",
@@ -284,6 +285,17 @@ def test_run_policy_carries_over_or_is_explained_field_by_field():
         "spec.runPolicy.managedBy: kubeflow.org/training-operator dropped: the kubetf operator runs every TrainingJob",
     ]
     assert api.validate(job) == []
+
+
+def test_the_queue_label_wins_over_a_different_scheduling_policy_queue():
+    document = tfjob({"Worker": kf_replica(2)}, runPolicy={"schedulingPolicy": {"queue": "volcano-q"}})
+    document["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    conversion = convert(document)
+    assert conversion.job["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a"}
+    assert conversion.notes == [
+        "spec.runPolicy.schedulingPolicy.queue: volcano-q not carried over: the job's kueue.x-k8s.io/queue-name "
+        "label names the queue"
+    ]
 
 
 def test_multikueue_managed_jobs_are_explained():
@@ -311,10 +323,7 @@ def test_metadata_labels_annotations_and_kubeflow_pod_labels():
         "labels": {"team": "vision", "kueue.x-k8s.io/queue-name": "gpus"},
         "annotations": {"owner": "ana"},
     }
-    assert conversion.notes == [
-        "metadata.labels[kueue.x-k8s.io/queue-name]: kept, but kubetf does not work with Kueue yet: the job starts "
-        "without waiting for admission"
-    ]
+    assert conversion.notes == []
     pods = {p["metadata"]["name"]: p for p in builders.render(conversion.job) if p["kind"] == "Pod"}
     assert {k: v for k, v in pods["dist-chief-0"]["metadata"]["labels"].items() if "kubeflow" in k} == {
         "training.kubeflow.org/job-name": "dist",
