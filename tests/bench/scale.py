@@ -77,6 +77,9 @@ SPEC = {
         "chief": {**replica(1), "template": fake_template()},
         "worker": {**replica(4), "template": fake_template()},
     },
+    # The scheduler on this 2-core machine places about 1,000 pods a minute: at 10,000 jobs the last pods wait
+    # far beyond the default 600 s, and the startup timeout would fail their jobs (it did: 2,871 of 10,000).
+    "runPolicy": {"startupTimeoutSeconds": 7200},
 }
 
 
