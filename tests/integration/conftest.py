@@ -40,8 +40,8 @@ def pytest_runtest_makereport(item, call):
     """A failed test's report carries the operator's log lines about its namespace: CI prints only the report,
     and a timeout alone does not say what the operator did meanwhile."""
     report = yield
-    operator = item.funcargs.get("operator") if hasattr(item, "funcargs") else None
-    namespace = item.funcargs.get("namespace") if hasattr(item, "funcargs") else None
+    fixtures = getattr(item, "funcargs", {})
+    operator, namespace = fixtures.get("operator"), fixtures.get("namespace")
     if report.failed and isinstance(operator, Operator) and isinstance(namespace, str) and operator.log_path.exists():
         lines = operator.log_path.read_text(errors="replace").splitlines()
         about = [line for line in lines if namespace in line][-80:]
