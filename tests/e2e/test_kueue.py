@@ -9,6 +9,7 @@ import time
 import pytest
 
 from kubetf import api, kueue
+from kubetf import status as st
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
 
@@ -46,8 +47,7 @@ def mnist(name: str, queue: Queue, epochs: int, priority: str | None = None) -> 
 
 
 def condition_message(cluster, namespace: str, name: str) -> str:
-    status = cluster.status(namespace, name)
-    return next((c.get("message", "") for c in status.get("conditions") or [] if c["status"] == "True"), "")
+    return (st.current_condition(cluster.status(namespace, name)) or {}).get("message", "")
 
 
 def submit(cluster, namespace: str, job: dict) -> dict:
