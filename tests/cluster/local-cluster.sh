@@ -783,6 +783,13 @@ status:
 EOF
   done
 }
+fake_nodes_ready() {  # fake_nodes_ready NODE...: one list (`kubectl wait` and `get NAME...` read node by node,
+  local ready n       # ~150 ms each: 62 nodes never fitted in wait's timeout)
+  ready=" $(kc get nodes -l "$FAKE_MANAGED=true" \
+    -o jsonpath='{range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{" "}{end}') " ||
+    return 1
+  for n in "$@"; do [[ $ready == *" $n=True "* ]] || return 1; done
+}
 ensure_fake_nodes() {  # ensure_fake_nodes N: kwok-node-0..N-1 exist, are managed by kwok and Ready
   local count=$1 i n names=() missing=() existing
   [[ $count =~ ^[0-9]+$ ]] || die "fake-nodes: not a number: $count"
@@ -798,7 +805,7 @@ ensure_fake_nodes() {  # ensure_fake_nodes N: kwok-node-0..N-1 exist, are manage
     log "created ${#missing[@]} fake node(s)"
   fi
   start_fake_nodes "${names[@]}"
-  wait_for 120 "fake nodes Ready" kc wait --for=condition=Ready "${names[@]/#/node/}" --timeout=5s
+  wait_for 120 "fake nodes Ready" fake_nodes_ready "${names[@]}"
   log "$count fake node(s) Ready (kwok pid $(pid_of kwok))"
 }
 start_fake_nodes() {  # start_fake_nodes NAME...: kwok manages a stopped node again (renews its Lease, Ready)
