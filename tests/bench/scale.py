@@ -61,6 +61,7 @@ from tests.integration.conftest import Cluster, Operator, _installed_operators, 
 PODS_PER_JOB = 5
 PODS_PER_FAKE_NODE = 1000
 QUIET = 5.0  # seconds without an API write that count as idle
+PROGRESS_EVERY = 60.0  # seconds between progress lines of a long wait
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 CLIENT_THREADS = 4  # the client's connection pool holds 4
 
@@ -267,15 +268,25 @@ class State:
             return {j: (self.jobs.get(j), tuple(sorted(self.pods.get(j, {}).items()))) for j in jobs}
 
     def wait(self, check: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:
-        """Poll check() (under the lock) until true; the monotonic time it first was."""
-        deadline = time.monotonic() + timeout
+        """Poll check() (under the lock) until true; the monotonic time it first was. Says every PROGRESS_EVERY s
+        how far the namespace has come: at 10,000 jobs a phase takes over an hour."""
+        start = time.monotonic()
+        deadline, report = start + timeout, start + PROGRESS_EVERY
         while True:
             with self.lock:
                 if check():
                     return time.monotonic()
+                if time.monotonic() > report:
+                    report += PROGRESS_EVERY
+                    out(f"  ... {time.monotonic() - start:.0f}s waiting for {what}: {self.progress()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
             time.sleep(interval)
+
+    def progress(self) -> str:
+        jobs = Counter(phase for phase, _ in self.jobs.values())
+        pods = Counter(phase for job in self.pods.values() for _, phase in job.values())
+        return f"jobs {dict(sorted(jobs.items()))}, pods {dict(sorted(pods.items()))}"
 
     def wait_quiet(self, process: Process | None, timeout: float, quiet: float = QUIET) -> float:
         """Wait until for `quiet` s neither the watches nor the operator's write counter moved and the operator
