@@ -1074,18 +1074,11 @@ cmd_apiserver_restart() {  # every client (kubelet, controllers, kwok, the opera
   start_node
   gpus_advertised || advertise_gpus
   ((kwok_was_running == 0)) || start_kwok
-  wait_for 60 "kube-controller-manager to act again" controllers_act
+  local probe="kubetf-probe-$$-$RANDOM"  # the controller-manager acts again: a new namespace gets its ServiceAccount
+  kc create namespace "$probe" >/dev/null
+  wait_for 60 "the default ServiceAccount in $probe" kc -n "$probe" get serviceaccount default
+  kc delete namespace "$probe" --wait=false >/dev/null
   log "the cluster's components restarted and acting $((SECONDS - t0))s after the API server was stopped"
-}
-controllers_act() {  # a new namespace gets its default ServiceAccount
-  local ns="kubetf-probe-$$-$RANDOM" rc=1
-  kc create namespace "$ns" >/dev/null || return 1
-  for _ in $(seq 20); do
-    if kc -n "$ns" get serviceaccount default >/dev/null 2>&1; then rc=0; break; fi
-    sleep 0.5
-  done
-  kc delete namespace "$ns" --wait=false >/dev/null
-  return $rc
 }
 cmd_env() {
   echo "export KUBECONFIG=$KUBECONFIG_PATH"
