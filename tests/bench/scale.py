@@ -16,7 +16,8 @@ local cluster as needed (1,000 pods each). In order:
    the benchmark's jobs, pods and services, no write in its API counter when it has one, and under 10% of a core
    of CPU), and whether every job is still Running with the same 5 pods of the same attempt and restart counters;
 4. a burst of --burst more jobs while --preemptions workers of running jobs are evicted (Eviction API), one every
-   --preemption-interval s: burst jobs/s (all 5 pods exist), preemption -> all 5 replacement pods created p50/p99;
+   --preemption-interval s: burst jobs/s (all 5 pods exist), preemption -> all 5 replacement pods created p50/p99,
+   and by step: the operator marks the rest of the group deleted, kwok removes the pods, the operator creates;
 5. every chief exits 0: time until every job is Succeeded with its workers cleaned up, CPU and API calls per job;
    API calls per job lifecycle = (2) + (5).
 
@@ -207,10 +208,14 @@ class State:
         self.lock = threading.Lock()
         self.jobs: dict[str, tuple[str, str]] = {}  # name -> (phase, restarts as JSON)
         self.pods: dict[str, dict[str, tuple[str, str]]] = {}  # job -> pod -> (attempt, phase)
+        self.pod_uids: dict[str, dict[str, str]] = {}  # job -> pod -> uid, of the same live pods
         self.last_change = time.monotonic()
         # preemptions in flight: job -> (start, attempt of the evicted pod); done: job -> seconds
         self.preempting: dict[str, tuple[float, int]] = {}
         self.recovered: dict[str, float] = {}
+        # where a preemption's time goes: job -> uid of each pod it had -> marked for deletion; job -> step -> time
+        self.old_pods: dict[str, dict[str, bool]] = {}
+        self.steps: dict[str, dict[str, float]] = {}
 
     def on_job(self, kind: str, job: dict) -> None:
         status = job.get("status") or {}
@@ -231,17 +236,43 @@ class State:
             self.last_change = now
             if job is None:
                 return
-            pods = self.pods.setdefault(job, {})
+            pods, uids = self.pods.setdefault(job, {}), self.pod_uids.setdefault(job, {})
             if kind == "DELETED" or meta.get("deletionTimestamp"):
                 pods.pop(meta["name"], None)
+                uids.pop(meta["name"], None)
             else:
                 pods[meta["name"]] = (labels.get(api.LABEL_ATTEMPT, ""), (pod.get("status") or {}).get("phase", ""))
+                uids[meta["name"]] = meta["uid"]
+            old = self.old_pods.get(job)
+            if old is not None and meta["uid"] in old:
+                if kind == "DELETED":
+                    del old[meta["uid"]]
+                elif meta.get("deletionTimestamp"):
+                    old[meta["uid"]] = True
+                if all(old.values()):
+                    self.steps[job].setdefault("deleting", now)
+                if not old:
+                    self.steps[job].setdefault("gone", now)
             if job in self.preempting:  # replaced: 5 live pods of one newer attempt
                 start, attempt = self.preempting[job]
                 attempts = {a for a, _ in pods.values()}
                 if len(pods) == PODS_PER_JOB and len(attempts) == 1 and int(attempts.pop() or 0) > attempt:
                     self.recovered[job] = now - start
+                    self.steps[job]["created"] = now
                     del self.preempting[job]
+
+    def preemption_steps(self) -> str:
+        """A preemption's time by step: the operator deletes the rest of the group (every old pod marked), kwok
+        removes them (all gone: the group barrier), the operator creates the replacements."""
+        steps = [s for s in self.steps.values() if {"deleting", "gone", "created"} <= s.keys()]
+        parts = []
+        for label, start, end in (
+            ("group marked for deletion", "evicted", "deleting"),
+            ("old pods gone", "deleting", "gone"),
+            ("replacements created", "gone", "created"),
+        ):
+            parts.append(f"{label} {fmt_ms([s[end] - s[start] for s in steps])}")
+        return "; ".join(parts)
 
     def on_other(self, kind: str, obj: dict) -> None:
         with self.lock:
@@ -491,6 +522,8 @@ def main() -> None:
             with state.lock:
                 attempt = int(next(iter(state.pods[job].values()))[0] or 0)
                 state.preempting[job] = (time.monotonic(), attempt)
+                state.steps[job] = {"evicted": time.monotonic()}
+                state.old_pods[job] = {uid: False for uid in state.pod_uids[job].values()}
                 attempts_before[job] = attempt
             pod = f"{job}-worker-1"
             cluster.core.create_namespaced_pod_eviction(
@@ -514,6 +547,7 @@ def main() -> None:
             f"  eviction of one worker -> all {PODS_PER_JOB} replacement pods created (MWMS group restart): "
             f"{fmt_ms(list(state.recovered.values()))}"
         )
+        out(f"    of which: {state.preemption_steps()}")
         everyone = names + burst
         state.wait(lambda: all(state.running(n) for n in everyone), args.timeout, "every job Running")
         state.wait_quiet(process, timeout=600)
