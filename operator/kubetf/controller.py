@@ -260,11 +260,12 @@ class Controller:
             self.kube.mark_unretriable(plan.unretriable)
         reachable = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in lost_nodes]
         # Does the program act on SIGTERM? One member is sent it first, the rest wait for the answer (kubetf.sigterm).
-        watched = self._watch_sigterms(key, job, reachable, now)
+        # Only a decision still to make needs the answer: pods being deleted at the end have their logs left alone.
+        watched = self._watch_sigterms(key, job, reachable, now) if plan.delete else self._forget_sigterms(key)
         grace, hold_until = sigterm.deletion_grace(watched)
         deletions = [] if hold_until is not None else plan.delete
         if deletions and not watched:
-            deletions, held = sigterm.first_to_stop(deletions)
+            deletions, held = sigterm.first_to_stop(deletions, sigterm.member_gone(job, pods, deletions))
             if held:
                 hold_until = now + sigterm.CHECKS_AFTER_SIGTERM[0]
         if plan.delete and hold_until is not None:
@@ -416,9 +417,11 @@ class Controller:
                 since = sigterm.log_since_seconds(sent_at, now)
                 try:
                     text = self.kube.pod_log_tail(pod, sigterm.training_container(pod), since, sigterm.LOG_LIMIT_BYTES)
-                except Exception:  # no log (RBAC, a kubelet not answering): the pods keep their grace period
-                    log.warning("could not read the log of %s", pod["metadata"]["name"], exc_info=True)
-                    text = ""
+                except Exception as error:  # no log (RBAC, a kubelet not answering): no later check can do better
+                    log.warning("could not read the log of %s (%s): its group keeps its grace period",
+                                pod["metadata"]["name"], error)  # fmt: skip
+                    watched[uid] = sigterm.Watched(sent_at, len(sigterm.CHECKS_AFTER_SIGTERM))
+                    continue
                 found = sigterm.swallowed(text)
                 if found:
                     name, grace = pod["metadata"]["name"], pod["metadata"].get("deletionGracePeriodSeconds")
@@ -436,6 +439,10 @@ class Controller:
         else:
             self.sigterm_watch.pop(key, None)
         return list(watched.values())
+
+    def _forget_sigterms(self, key: Key) -> list[sigterm.Watched]:
+        self.sigterm_watch.pop(key, None)
+        return []
 
     def _write_status(self, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         updated = self.kube.patch_job_status(job, st.merge_patch(stored, status))

@@ -58,6 +58,10 @@ def refusal(obj: Obj, error: ApiException) -> Refusal | None:
     return None
 
 
+class LogUnreadable(Exception):
+    """The API server could not get a pod's log from its node (the status and the server's own words)."""
+
+
 def _message(error: ApiException) -> str:
     try:
         return str(json.loads(error.body)["message"])
@@ -455,7 +459,7 @@ class Kube:
 
     def pod_log_tail(self, pod: Obj, container: str, since_seconds: int, limit_bytes: int) -> str:
         """What the container printed in the last `since_seconds` (at most `limit_bytes`); "" when there is no
-        log to read (the pod or its container is gone)."""
+        log to read (the pod or its container is gone). Raises `LogUnreadable` when its node did not give it."""
         meta = pod["metadata"]
         self.limiter.acquire()
         metrics.API_REQUESTS.labels(verb="get", resource="pods/log").inc()
@@ -468,7 +472,7 @@ class Kube:
             metrics.API_ERRORS.labels(verb="get", resource="pods/log", code=str(error.status)).inc()
             if error.status in (400, 404):
                 return ""
-            raise
+            raise LogUnreadable(f"{error.status}: {_message(error)}") from error
         return bytes(response.data or b"").decode("utf-8", "replace")
 
     def list_events(self, namespace: str, name: str) -> list[Obj]:

@@ -39,8 +39,10 @@ from kubetf import status as st
 
 SWALLOWED = "SIGTERM caught at"  # preemption_notifier.cc, printed once per process
 # Seconds after a SIGTERM to look for the line (the notifier polls every second; a loaded node logs late). The
-# deletions of a group restart wait for these checks, at most the last one.
-CHECKS_AFTER_SIGTERM = (2.0, 4.0, 6.0)
+# deletions of a group restart wait for these checks, at most the last one. The first, at once, finds out whether
+# the log can be read at all: when it cannot (no kubelet answers, no RBAC for pods/log) no later check could find
+# the line either, and the group is deleted without waiting.
+CHECKS_AFTER_SIGTERM = (0.0, 2.0, 4.0, 6.0)
 # The rest of the group is deleted with this grace period: through the kubelet (SIGKILL now, then the pod object
 # goes), so unlike a grace period of 0 a pod never vanishes from the API while its process still runs.
 STOP_GRACE_SECONDS = 1
@@ -109,16 +111,29 @@ def deletion_grace(watched: Iterable[Watched]) -> tuple[int | None, float | None
     return None, min(upcoming, default=None)
 
 
-def first_to_stop(pods: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def first_to_stop(
+    pods: list[dict[str, Any]], member_gone: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pods a group restart deletes now, and those it holds until the first one's SIGTERM was looked at: one
     running member goes first (a disrupted one if any); pods whose program does not run go at once. When a member
-    has already ended, the others' collectives fail and they end by themselves: no need to ask."""
+    has already ended, or its pod is gone (`member_gone`: a pod object goes once its containers stopped), the
+    others' collectives fail and they end by themselves: no need to ask."""
     running = [p for p in pods if training_container_running(p)]
-    if len(running) < 2 or any(_ended(p) for p in pods):
+    if len(running) < 2 or member_gone or any(_ended(p) for p in pods):
         return pods, []
     first = next((p for p in running if policy.disruption_reason(p)), running[0])
     held = [p for p in running if p is not first]
     return [p for p in pods if not any(p is h for h in held)], held
+
+
+def member_gone(job: api.Job, pods: list[dict[str, Any]], deleting: list[dict[str, Any]]) -> bool:
+    """Whether a task restarted together with one of `deleting` (policy.barrier) has no pod left among `pods`."""
+    present = {task[:2] for task in map(st.pod_task, pods) if task is not None}
+    for pod in deleting:
+        task = st.pod_task(pod)
+        if task is not None and any(member not in present for member in policy.barrier(job, task[0], task[1])):
+            return True
+    return False
 
 
 def _ended(pod: dict[str, Any]) -> bool:

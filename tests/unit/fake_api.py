@@ -12,7 +12,7 @@ from typing import Any
 
 from kubetf import api, kueue, reconcile
 from kubetf import status as st
-from kubetf.kube import Creation, Refused
+from kubetf.kube import Creation, LogUnreadable, Refused
 
 
 class FakeApi:
@@ -28,6 +28,7 @@ class FakeApi:
         self.refuse: dict[str, Exception] = {}  # pod name -> error its create raises
         self.invalid: dict[str, str] = {}  # role -> the API server's message refusing its pods (dry runs too)
         self.logs: dict[str, str] = {}  # pod name -> what its training container printed
+        self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
         # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue) and Workloads (by name).
@@ -236,6 +237,8 @@ class FakeApi:
 
     def pod_log_tail(self, pod: dict, container: str, since_seconds: int, limit_bytes: int) -> str:
         self.calls.append(f"read log {pod['metadata']['name']}")
+        if self.unreadable_logs:
+            raise LogUnreadable("500: no preferred addresses found; known addresses: []")
         return self.logs.get(pod["metadata"]["name"], "")
 
     def event(self, job: dict, type_: str, reason: str, message: str) -> None:

@@ -301,6 +301,44 @@ def test_a_program_that_saves_on_sigterm_keeps_the_pods_own_grace_period():
     assert not [r for _, r, _ in shell.api.recorded if r == "SigtermIgnored"]
 
 
+def test_when_the_log_cannot_be_read_the_group_is_deleted_at_once_with_its_own_grace_period():
+    shell = Shell(mwms()).running()
+    _evicted(shell, "mnist-worker-1")
+    shell.api.unreadable_logs = True
+    shell.controller.reconcile(shell.key)
+    assert _deletions(shell) == ["delete Pod", "delete Pod"]  # no waiting for checks that cannot find the line
+    assert shell.api.calls.count("read log mnist-worker-1") == 1
+
+
+def test_a_member_whose_pod_is_already_gone_gets_the_rest_of_its_group_deleted_at_once():
+    shell = Shell(mwms()).running()
+    _training(shell, *shell.api.pods)
+    shell.api.remove_pod("mnist-worker-1")  # a program that saved and exited on SIGTERM: its pod went at once
+    shell.api.deliver(shell.controller)
+    shell.api.calls.clear()
+    shell.controller.reconcile(shell.key)
+    assert _deletions(shell) == ["delete Pod", "delete Pod"]  # not one first: the others end by themselves
+    assert not any(c.startswith("read log") for c in shell.api.calls)
+
+
+def test_pods_deleted_at_the_end_have_their_logs_left_alone():
+    shell = Shell(mwms()).running()
+    _training(shell, *shell.api.pods)
+    shell.api.pods["mnist-chief-0"]["status"] = {"phase": "Succeeded"}
+    shell.api.update_pod("mnist-chief-0")
+    shell.api.deliver(shell.controller)
+    for seconds in (0, 2, 4, 6):  # Succeeded: the workers still running are deleted (cleanPodPolicy), one first
+        shell.now = T0 + seconds
+        shell.controller.reconcile(shell.key)
+        shell.api.deliver(shell.controller)
+    assert shell.status()["phase"] == "Succeeded" and _deletions(shell) == ["delete Pod", "delete Pod"]
+    shell.api.calls.clear()
+    for seconds in (8, 10, 12, 14):  # both terminating, with nothing left to decide
+        shell.now = T0 + seconds
+        shell.controller.reconcile(shell.key)
+    assert not any(c.startswith("read log") for c in shell.api.calls)
+
+
 def test_a_restart_after_a_failure_deletes_the_group_at_once():
     shell = Shell(mwms()).running()
     _training(shell, *shell.api.pods)

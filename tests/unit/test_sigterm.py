@@ -2,8 +2,10 @@
 
 import pytest
 
-from kubetf import sigterm
+from kubetf import api, sigterm
 from kubetf import status as st
+
+from .jobs import job, replica
 
 pytestmark = pytest.mark.unit
 
@@ -55,10 +57,10 @@ def test_whether_the_log_says_the_sigterm_was_swallowed(situation, log, ignored)
 
 def test_checks_a_few_times_in_the_first_seconds_then_never_again():
     times = [sigterm.next_check(T0, done) for done in range(len(sigterm.CHECKS_AFTER_SIGTERM) + 1)]
-    assert times == [T0 + 2, T0 + 4, T0 + 6, None]
-    assert sigterm.checks_due(T0, 0, T0 + 1) == 0
-    assert sigterm.checks_due(T0, 0, T0 + 4.5) == 2  # a late reconcile does the checks it missed at once
-    assert sigterm.checks_due(T0, 3, T0 + 4.5) == 3
+    assert times == [T0, T0 + 2, T0 + 4, T0 + 6, None]  # the first at once: can the log be read at all?
+    assert sigterm.checks_due(T0, 1, T0 + 1) == 1
+    assert sigterm.checks_due(T0, 0, T0 + 4.5) == 3  # a late reconcile does the checks it missed at once
+    assert sigterm.checks_due(T0, 4, T0 + 4.5) == 4
     assert sigterm.log_since_seconds(T0, T0 + 2.2) == 8  # from before the SIGTERM: the clocks may differ
 
 
@@ -66,9 +68,9 @@ def test_checks_a_few_times_in_the_first_seconds_then_never_again():
     ("situation", "watched", "decision"),
     [
         ("nobody was sent SIGTERM: delete now, with the pods' own grace period", [], (None, None)),
-        ("a SIGTERM 1 s ago: wait for its first check", [sigterm.Watched(T0 - 1)], (None, T0 + 1)),
+        ("a SIGTERM 1 s ago, looked at once: wait for the next check", [sigterm.Watched(T0 - 1, 1)], (None, T0 + 1)),
         ("TensorFlow swallowed one: stop the rest", [sigterm.Watched(T0 - 1), sigterm.Watched(T0, 1, True)], (1, None)),
-        ("every check done, no line: the pods' own grace period", [sigterm.Watched(T0 - 9, 3)], (None, None)),
+        ("every check done, no line: the pods' own grace period", [sigterm.Watched(T0 - 9, 4)], (None, None)),
     ],
 )
 def test_how_the_operator_deletes_a_group(situation, watched, decision):
@@ -85,3 +87,18 @@ def test_a_group_restart_sends_sigterm_to_one_running_member_first():
     ended = pod(state="terminated")  # the others' collectives fail anyway
     assert sigterm.first_to_stop([chief, worker0, ended]) == ([chief, worker0, ended], [])
     assert sigterm.first_to_stop([chief]) == ([chief], [])
+    # a member whose pod is gone has ended: the others end by themselves
+    assert sigterm.first_to_stop([chief, worker0], member_gone=True) == ([chief, worker0], [])
+
+
+def _member(role, index):
+    return {"metadata": {"labels": {api.LABEL_ROLE: role, api.LABEL_INDEX: str(index)}}}
+
+
+def test_a_member_is_gone_when_a_task_restarted_with_the_deleted_ones_has_no_pod():
+    mwms = job(chief=replica(1), worker=replica(2))
+    chief, worker0, worker1 = _member("chief", 0), _member("worker", 0), _member("worker", 1)
+    assert sigterm.member_gone(mwms, [chief, worker0], [chief, worker0])  # worker-1's pod vanished
+    assert not sigterm.member_gone(mwms, [chief, worker0, worker1], [chief, worker0])
+    ps = job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1))
+    assert not sigterm.member_gone(ps, [_member("chief", 0), _member("ps", 0)], [_member("ps", 0)])  # workers apart
