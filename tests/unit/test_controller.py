@@ -253,6 +253,12 @@ def _training(shell, *names):
     shell.api.deliver(shell.controller)
 
 
+def _ended(shell, name, phase):
+    shell.api.pods[name]["status"] = {"phase": phase}
+    shell.api.update_pod(name)
+    shell.api.deliver(shell.controller)
+
+
 def _evicted(shell, name):
     """A group training, then `name` evicted (deleted with its own 120 s grace period) at T0."""
     _training(shell, *shell.api.pods)
@@ -324,9 +330,7 @@ def test_a_member_whose_pod_is_already_gone_gets_the_rest_of_its_group_deleted_a
 def test_pods_deleted_at_the_end_have_their_logs_left_alone():
     shell = Shell(mwms()).running()
     _training(shell, *shell.api.pods)
-    shell.api.pods["mnist-chief-0"]["status"] = {"phase": "Succeeded"}
-    shell.api.update_pod("mnist-chief-0")
-    shell.api.deliver(shell.controller)
+    _ended(shell, "mnist-chief-0", "Succeeded")
     for seconds in (0, 2, 4, 6):  # Succeeded: the workers still running are deleted (cleanPodPolicy), one first
         shell.now = T0 + seconds
         shell.controller.reconcile(shell.key)
@@ -342,9 +346,7 @@ def test_pods_deleted_at_the_end_have_their_logs_left_alone():
 def test_a_restart_after_a_failure_deletes_the_group_at_once():
     shell = Shell(mwms()).running()
     _training(shell, *shell.api.pods)
-    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
-    shell.api.update_pod("mnist-worker-1")
-    shell.api.deliver(shell.controller)
+    _ended(shell, "mnist-worker-1", "Failed")
     shell.api.calls.clear()
     shell.controller.reconcile(shell.key)
     assert _deletions(shell) == ["delete Pod"] * 3  # the failed pod too, all with their own grace period
