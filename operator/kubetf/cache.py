@@ -213,6 +213,18 @@ class Store:
                 del self.pods[job]
         return changed
 
+    def prune_pods(self, job: Key, listed: set[str], list_version: int) -> bool:
+        """Drop the job's pods missing from a list taken at `list_version` (a watch gap hid their deletion), unless
+        stored with a newer version. True when any was dropped."""
+        with self.lock:
+            pods = self.pods.get(job) or {}
+            gone = [name for name, entry in pods.items() if name not in listed and entry[0] <= list_version]
+            for name in gone:
+                del pods[name]
+            if not pods:
+                self.pods.pop(job, None)
+        return bool(gone)
+
     def still_there(self, job: Key, name: str, uid: str) -> bool:
         """The pod of that uid is stored and not being deleted."""
         with self.lock:

@@ -17,7 +17,7 @@ from typing import Any
 
 from kubetf import api, kueue, metrics, reconcile, sigterm
 from kubetf import status as st
-from kubetf.cache import Key, Store, slim_pod
+from kubetf.cache import Key, Store
 from kubetf.config import OperatorConfig
 from kubetf.kube import Kube, NotLeader, Refused
 from kubetf.reconcile import Event, Plan, Refusal
@@ -125,18 +125,23 @@ class Controller:
         """Compare the cached pods with a fresh paged list: a deletion that fell between the priming list and
         the start of kopf's watch is acted on now, not at the job's next resync."""
         for namespace in self.config.namespaces or ("",):
-            listed: dict[Key, list[dict[str, Any]]] = {
-                key: [] for key in self.store.pod_jobs() if not namespace or key[0] == namespace
+            # Each page goes into the cache as it comes, newer versions only; what is kept to the end is the names
+            # (holding 50,000 pods' slim copies instead cost a restarted operator about 100 MB at once).
+            listed: dict[Key, set[str]] = {
+                key: set() for key in self.store.pod_jobs() if not namespace or key[0] == namespace
             }
+            changed: set[Key] = set()
             version = 0
             for items, list_version in self.kube.pages("pods", namespace, api.MANAGED_PODS_SELECTOR):
                 version = list_version
                 for pod in items:
                     key = _pod_job(pod)
-                    if key is not None:  # slim at once: every page's full pods held to the end cost 40 KB each
-                        listed.setdefault(key, []).append(slim_pod(pod))
-            for key, pods in listed.items():
-                if self.store.replace_pods(key, pods, version):
+                    if key is not None:
+                        listed.setdefault(key, set()).add(pod["metadata"]["name"])
+                        if self.store.put_pod(key, pod):
+                            changed.add(key)
+            for key, names in listed.items():
+                if self.store.prune_pods(key, names, version) or key in changed:
                     log.warning("%s/%s: the watch had missed changes of its pods; acting on a fresh list", *key)
                     self.expectations.forget(key)
                     self.queue.add(key, URGENT)

@@ -75,6 +75,16 @@ def test_a_fresh_list_removes_pods_whose_deletion_the_watch_missed_but_keeps_new
     assert not store.replace_pods(KEY, [pod("mnist-worker-1", version=30)], list_version=31)
 
 
+def test_pruning_by_a_list_of_names_drops_what_it_misses_but_keeps_newer_pods():
+    store = Store()
+    store.put_pod(KEY, pod("mnist-worker-0", version=5))
+    store.put_pod(KEY, pod("mnist-worker-1", version=30))  # created after the list below was taken
+    assert not store.prune_pods(KEY, {"mnist-worker-0"}, list_version=20)
+    assert store.prune_pods(KEY, set(), list_version=20)
+    assert [p["metadata"]["name"] for p in store.job_pods(KEY)] == ["mnist-worker-1"]
+    assert store.prune_pods(KEY, set(), list_version=31) and store.pod_jobs() == []
+
+
 def test_a_deleted_pod_never_comes_back_from_a_list_taken_before_its_deletion():
     store = Store()
     store.put_pod(KEY, pod(version=5))

@@ -231,6 +231,18 @@ def test_an_audit_after_the_start_acts_on_a_deletion_no_watch_showed():
     assert shell.status()["restarts"]["disruptions"] == 1
 
 
+def test_an_audit_after_the_start_acts_on_a_failure_no_watch_showed():
+    shell = Shell(mwms()).running()
+    shell.queued()
+    failed = shell.api.pods["mnist-worker-0"]
+    failed["status"] = {"phase": "Failed"}
+    shell.api._bump(failed)  # changed while no watch ran: no event
+    shell.controller.audit()
+    assert shell.queued() == [(shell.key, URGENT)]
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["restarts"]["failures"] == 1
+
+
 def test_a_relist_after_the_start_audits_so_a_deletion_it_cannot_show_is_acted_on():
     shell = Shell(mwms()).running()
     shell.queued()
