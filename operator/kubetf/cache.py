@@ -188,30 +188,12 @@ class Store:
         return [json.loads(entry[1]) for entry in entries]
 
     def replace_pods(self, job: Key, pods: list[Obj], list_version: int) -> bool:
-        """Reconcile the job's pods with a fresh list from the API, taken at `list_version`: pods stored with an
-        older version and missing from it are gone (a watch gap hid their deletion). True when that changed any."""
-        fresh = {}
-        for pod in pods:
-            slim = slim_pod(pod)
-            if self._buried(slim):
-                continue
-            meta = slim["metadata"]
-            fresh[meta["name"]] = (resource_version(slim), _encode(slim), pod_signature(slim), meta.get("uid", ""))
-        changed = False
-        with self.lock:
-            current = self.pods.setdefault(job, {})
-            for name, entry in list(current.items()):
-                if name not in fresh and entry[0] <= list_version:
-                    del current[name]
-                    changed = True
-            for name, entry in fresh.items():
-                stored = current.get(name)
-                if stored is None or stored[0] < entry[0]:
-                    current[name] = entry
-                    changed = True
-            if not current:
-                del self.pods[job]
-        return changed
+        """Reconcile the job's pods with a fresh list from the API, taken at `list_version`: newer versions are
+        stored, and pods stored with an older version and missing from it are gone (a watch gap hid their
+        deletion). True when that changed what the decisions read."""
+        changed = [self.put_pod(job, pod) for pod in pods]
+        listed = {(pod.get("metadata") or {}).get("name", "") for pod in pods}
+        return self.prune_pods(job, listed, list_version) or any(changed)
 
     def prune_pods(self, job: Key, listed: set[str], list_version: int) -> bool:
         """Drop the job's pods missing from a list taken at `list_version` (a watch gap hid their deletion), unless
