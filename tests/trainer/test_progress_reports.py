@@ -280,3 +280,25 @@ def test_the_fault_tolerance_guides_loop_is_reported(tmp_path):
         assert (last["epoch"], last["step"], last["epochs"], last["steps"]) == (2, 12, 3, 12)
         assert isinstance(last["metrics"]["loss"], float)
         assert server.status is not None and server.status["summary"] == "100%"
+
+
+KERAS3_FIT = """
+    import keras
+    import numpy as np
+
+    x = np.random.rand(800, 8).astype("float32")
+    y = (x.sum(axis=1) > 4).astype("int64")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0)
+"""
+
+
+def test_a_keras_3_fit_reports_too(tmp_path):
+    with progress_server(token=TOKEN) as server:
+        run([program(tmp_path, KERAS3_FIT)], tmp_path, server.url, TF_USE_LEGACY_KERAS="0")
+        assert_clean(server)
+        last = server.accepted[-1]
+        assert (last["epoch"], last["epochs"], last["step"], last["steps"]) == (2, 2, 400, 400)
+        assert server.status is not None and set(server.status["metrics"]) == {"loss", "accuracy"}

@@ -223,3 +223,75 @@ def test_nothing_is_installed_where_nothing_is_reported(env, monkeypatch):
     stdout, meta_path = sys.stdout, list(sys.meta_path)
     assert autoreport.install(env) is False
     assert sys.stdout is stdout and sys.meta_path == meta_path
+
+
+class _Base:
+    def __init__(self):
+        self.params = {}
+        self.model = None
+
+
+def fake_fit(callback, epochs, steps, initial_epoch=0, batch_seconds=0.0, clock=None):
+    """Drive the hooks as Keras' fit does."""
+    callback.params = {"epochs": epochs, "steps": steps}
+    callback.on_train_begin()
+    for epoch in range(initial_epoch, epochs):
+        callback.on_epoch_begin(epoch)
+        for batch in range(steps or 7):
+            if clock is not None:
+                clock[0] += batch_seconds
+            callback.on_train_batch_end(batch, {"loss": 1.0, "accuracy": 0.5})
+        callback.on_epoch_end(epoch, {"loss": 0.9, "accuracy": 0.6, "val_loss": 1.1})
+
+
+@pytest.fixture
+def keras_reports(monkeypatch):
+    from kubetf_trainer import keras_report
+    from kubetf_trainer import report as rp
+
+    sent = []
+    clock = [1000.0]
+    monkeypatch.setattr(rp, "enabled", lambda: True)
+    monkeypatch.setattr(rp, "task_kind", lambda environ=None: "training")
+    monkeypatch.setattr(rp, "interval", lambda: 5.0)
+    monkeypatch.setattr(rp, "auto_report", lambda **kw: sent.append(kw))
+    monkeypatch.setattr(keras_report.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(keras_report, "_last_step", None)
+    return keras_report.callback_class(_Base)(), sent, clock
+
+
+def test_the_keras_callback_reports_epoch_ends_and_every_interval_within(keras_reports):
+    callback, sent, clock = keras_reports
+    fake_fit(callback, epochs=2, steps=10, batch_seconds=1.0, clock=clock)
+    assert [(s["epoch"], s["step"]) for s in sent] == [(0, 5), (0, 10), (1, 10), (1, 15), (1, 20), (2, 20)]
+    assert all(s["epochs"] == 2 and s["steps"] == 20 for s in sent)
+    assert sent[2]["metrics"] == {"loss": 0.9, "accuracy": 0.6, "val_loss": 1.1}
+    assert sent[1]["stepsPerSecond"] == 1.0 and "stepsPerSecond" not in sent[0]
+
+
+def test_a_resumed_fit_and_a_later_fit_count_on(keras_reports):
+    callback, sent, _ = keras_reports
+    fake_fit(callback, epochs=4, steps=10, initial_epoch=2)  # BackupAndRestore resumed at epoch 2
+    assert [(s["epoch"], s["step"], s["steps"]) for s in sent] == [(3, 30, 40), (4, 40, 40)]
+    sent.clear()
+    fake_fit(callback, epochs=2, steps=3)  # fine-tuning: a second fit, 3 steps per epoch
+    assert [(s["epoch"], s["step"], s["steps"]) for s in sent] == [(1, 43, 46), (2, 46, 46)]
+
+
+def test_without_steps_per_epoch_the_batches_are_counted(keras_reports):
+    callback, sent, _ = keras_reports
+    fake_fit(callback, epochs=2, steps=None)
+    assert [(s["epoch"], s["step"], s["steps"]) for s in sent] == [(1, 7, None), (2, 14, None)]
+
+
+def test_a_failing_report_turns_the_callback_off(keras_reports, monkeypatch):
+    from kubetf_trainer import report as rp
+
+    callback, _, _ = keras_reports
+
+    def broken(**kw):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rp, "auto_report", broken)
+    fake_fit(callback, epochs=2, steps=3)  # no exception into fit
+    assert not callback._kt_on
