@@ -171,12 +171,64 @@ def merge(
     become ``evalMetrics``; other tasks' reports change nothing. The result is a new dict (JSON-able); the input is
     not modified.
     """
-    old: dict[str, Any] = json.loads(json.dumps(progress)) if progress else {}
+    old = _sane(progress)
     if role == "evaluator":
         return _merge_evaluation(old, report, now)
     if not coordinator:
         return old
     return _merge_training(old, report, now)
+
+
+_COUNTS = ("epoch", "epochs", "step", "steps", "evalEpoch", "evalStep", "etaSeconds")
+_NUMBERS = ("percent", "stepsPerSecond", "examplesPerSecond", "secondsPerEpoch")
+_TEXTS = ("summary", "eta", "lastReportTime", "lastProgressTime", "lastEvalTime")
+
+
+def _sane(progress: Any) -> dict[str, Any]:
+    """A copy of a stored ``status.progress`` with only well-typed fields: anyone who can edit the status could
+    have put anything there, and a report must still be taken."""
+    if not isinstance(progress, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in progress.items():
+        if key in _COUNTS:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        elif key in _NUMBERS:
+            ok = _finite(value) is not None
+        elif key in _TEXTS:
+            ok = isinstance(value, str) and (not key.endswith("Time") or _time(value) is not None)
+        elif key in ("metrics", "evalMetrics"):
+            value = (
+                {k: v for k, v in value.items() if isinstance(k, str) and _metric_value(v)}
+                if isinstance(value, dict)
+                else None
+            )
+            ok = value is not None
+        elif key == "history":
+            value = (
+                [dict(p) for p in value if isinstance(p, dict) and _finite(p.get("time")) is not None]
+                if isinstance(value, list)
+                else None
+            )
+            ok = value is not None
+        elif key == "final":
+            ok = value is True
+        else:
+            ok = False  # not a field of ours
+        if ok:
+            out[key] = json.loads(json.dumps(value))
+    return out
+
+
+def _metric_value(value: Any) -> bool:
+    return _finite(value) is not None or (isinstance(value, str) and value in NON_FINITE)
+
+
+def _time(value: Any) -> float | None:
+    try:
+        return parse_time(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def _merge_evaluation(new: dict[str, Any], report: Report, now: float) -> dict[str, Any]:
@@ -276,7 +328,7 @@ def _rates(
     if report.steps_per_second is not None:
         new["stepsPerSecond"] = round(report.steps_per_second, 3)
     elif report.step is not None and last is not None and isinstance(last.get("step"), int):
-        dt = now - float(last.get("time") or now)
+        dt = now - (_finite(last.get("time")) or now)
         done = report.step - last["step"]
         if dt > 0 and done >= 0:
             new["stepsPerSecond"] = round(_ema(old.get("stepsPerSecond"), done / dt, dt), 3)
@@ -288,7 +340,7 @@ def _rates(
         if examples is not None and steps:  # examples per step, from when both were reported
             new["examplesPerSecond"] = round(new["stepsPerSecond"] * examples / steps, 3)
     if report.step is None and new.get("step") is None and report.epoch is not None and not new_run:
-        before, since = old.get("epoch"), parse_time(old.get("lastProgressTime"))
+        before, since = old.get("epoch"), _time(old.get("lastProgressTime"))
         if isinstance(before, int) and report.epoch > before and since is not None and now > since:
             sample = (now - since) / (report.epoch - before)
             spe = _finite(old.get("secondsPerEpoch"))
@@ -316,10 +368,8 @@ def _add_point(history: list[dict[str, Any]], report: Report, now: float) -> Non
     history.append(point)
     while len(history) > HISTORY_POINTS:
         # Drop the point whose neighbours are closest in time: the points stay spread over the whole run.
-        gaps = [
-            (float(history[i + 1].get("time", 0)) - float(history[i - 1].get("time", 0)), i)
-            for i in range(1, len(history) - 1)
-        ]
+        times = [_finite(p.get("time")) or 0.0 for p in history]
+        gaps = [(times[i + 1] - times[i - 1], i) for i in range(1, len(history) - 1)]
         del history[min(gaps)[1]]
 
 
@@ -395,6 +445,7 @@ def health(progress: dict[str, Any] | None, now: float, stall_seconds: float) ->
     """``(reason, message)`` for what is wrong with a running job's training: ``LossNotFinite`` (the latest loss,
     or any metric named ``*loss``, training or evaluation, is NaN or infinite), ``TrainingStalled`` (step and epoch
     have not moved for ``stall_seconds``). Empty when all is well or nothing was reported yet."""
+    progress = _sane(progress)
     if not progress:
         return []
     out: list[tuple[str, str]] = []
@@ -405,9 +456,9 @@ def health(progress: dict[str, Any] | None, now: float, stall_seconds: float) ->
                 bad.append(f"{label}{name} is {value}")
     if bad:
         out.append(("LossNotFinite", f"{', '.join(bad)} at {_position(progress)}: the training diverged"))
-    since = parse_time(progress.get("lastProgressTime"))
+    since = _time(progress.get("lastProgressTime"))
     if since is not None and not progress.get("final") and now - since > stall_seconds:
-        last = parse_time(progress.get("lastReportTime"))
+        last = _time(progress.get("lastReportTime"))
         if last is not None and now - last < stall_seconds:
             why = f"the program still reports (last {duration(now - last)} ago) but does not advance"
         else:

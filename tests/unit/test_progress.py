@@ -297,6 +297,24 @@ def test_merge_does_not_modify_its_input():
     assert s == copy
 
 
+def test_a_status_someone_edited_into_nonsense_still_takes_reports():
+    junk = {
+        "step": "x",
+        "epoch": True,
+        "history": [{"step": 1, "time": "bad"}, "junk", {"step": 2, "time": T0}],
+        "metrics": "no",
+        "stepsPerSecond": "fast",
+        "lastProgressTime": "yesterday",
+        "extra": 1,
+        "evalMetrics": {"loss": "NaN", "x": [1]},
+    }
+    s = merge(junk, parse_report(body(step=3, metrics={"loss": 1})), "chief", 0, True, T0 + 10)
+    assert s["step"] == 3 and s["metrics"] == {"loss": 1.0} and s["evalMetrics"] == {"loss": "NaN"}
+    assert [p["step"] for p in s["history"]] == [2, 3] and "extra" not in s
+    assert [r for r, _ in health(junk, T0, 600)] == ["LossNotFinite"]
+    assert merge("nonsense", parse_report(body(step=1)), "worker", 1, False, T0) == {}  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "seconds,text",
     [
