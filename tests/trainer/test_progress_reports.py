@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, child_env
+import pytest
+from conftest import REPO, child_env, make_job
 
 from kubetf.jobctl import progress_line
 from tests.progress_server import ProgressServer, closed_port_url, progress_server
@@ -302,3 +303,56 @@ def test_a_keras_3_fit_reports_too(tmp_path):
         last = server.accepted[-1]
         assert (last["epoch"], last["epochs"], last["step"], last["steps"]) == (2, 2, 400, 400)
         assert server.status is not None and set(server.status["metrics"]) == {"loss", "accuracy"}
+
+
+def _local_env(server: ProgressServer, tmp_path: Path, **extra: str) -> list[str]:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    env = {
+        "KUBETF_PROGRESS_URL": server.url,
+        "KUBETF_PROGRESS_TOKEN_FILE": str(token),
+        "KUBETF_PROGRESS_INTERVAL": "0.5",
+        **extra,
+    }
+    return [arg for name, value in env.items() for arg in ("--env", f"{name}={value}")]
+
+
+@pytest.mark.timeout(300)
+def test_parameter_server_training_reports_from_the_coordinator_only(local_run, tmp_path):
+    """kubetf local gives every task the operator's own environment: the chief (ParameterServerStrategy's
+    coordinator) reports its fit's epoch ends; the worker and the ps send nothing."""
+    job = make_job(
+        "psprogress",
+        "ParameterServer",
+        {"chief": 1, "worker": 1, "ps": 1},
+        ["--data", "synthetic", "--epochs", "3", "--steps-per-epoch", "5"],
+        example="ps_training.py",
+    )
+    with progress_server(token=TOKEN) as server:
+        run = local_run(job, *_local_env(server, tmp_path))
+        assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
+        assert_clean(server)
+        assert epoch_ends(server)[-1] == (3, 15)
+        # epoch ends only (batch-level logs are not known yet under ParameterServerStrategy)
+        assert all(b["step"] % 5 == 0 and b["epochs"] == 3 for b in server.accepted)
+        assert len(server.accepted) <= 4
+
+
+@pytest.mark.timeout(300)
+def test_the_ps_custom_loops_prints_are_reported(local_run, tmp_path):
+    job = make_job(
+        "psloop",
+        "ParameterServer",
+        {"chief": 1, "worker": 1, "ps": 1},
+        ["--epochs", "3", "--steps-per-epoch", "3"],
+        example="ps_custom_loop.py",
+    )
+    with progress_server(token=TOKEN) as server:
+        run = local_run(job, *_local_env(server, tmp_path, KUBETF_PROGRESS_EPOCHS="3"))
+        assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
+        assert any("chief-0 | Final loss is" in line for line in run.lines)
+        assert_clean(server)
+        epochs = [b["epoch"] for b in server.accepted]
+        assert epochs[0] == 1 and epochs[-1] == 3 and epochs == sorted(epochs)
+        assert server.status is not None and server.status["summary"] == "100%"
+        assert set(server.status["metrics"]) == {"accuracy", "loss"}  # "Finished epoch ..." and "Final loss is ..."
