@@ -612,6 +612,10 @@ start_etcd() {
     --unsafe-no-fsync --log-level warn
   wait_for 60 etcd curl -sf http://127.0.0.1:2379/health
 }
+# --enable-aggregator-routing: aggregated APIs (Kueue's visibility API) are reached at their endpoints' pod IPs, not
+# their ClusterIP. On this host a ClusterIP without kube-proxy's NAT (kube-proxy restarting with the API server)
+# routes out of the machine, where something answers HTTPS with 404: the aggregator kept that connection, and the
+# APIService stayed unavailable, and every namespace undeletable, until the API server restarted again.
 start_apiserver() {
   start_daemon kube-apiserver "$K8S_BIN/kube-apiserver" \
     --etcd-servers=http://127.0.0.1:2379 \
@@ -627,6 +631,7 @@ start_apiserver() {
     --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
+    --enable-aggregator-routing=true \
     --profiling=false --v=1
   wait_for 120 kube-apiserver kc get --raw /readyz
 }
@@ -1078,6 +1083,10 @@ cmd_apiserver_restart() {  # every client (kubelet, controllers, kwok, the opera
   kc create namespace "$probe" >/dev/null
   wait_for 60 "the default ServiceAccount in $probe" kc -n "$probe" get serviceaccount default
   kc delete namespace "$probe" --wait=false >/dev/null
+  if kc -n "$KUEUE_NS" get deployment kueue-controller-manager >/dev/null 2>&1; then  # Kueue lost its lease too
+    wait_for 180 "Kueue's webhooks to answer" kueue_webhooks_answer
+    wait_for 180 "Kueue's visibility API" kueue_visibility_available
+  fi
   log "the cluster's components restarted and acting $((SECONDS - t0))s after the API server was stopped"
 }
 cmd_env() {
