@@ -1,4 +1,5 @@
-"""What the watches delivered: every TrainingJob, and the pods of each job, so reconciles read no API.
+"""What the watches delivered: every TrainingJob, the pods of each job, and Kueue's LocalQueues and the Workloads of
+the jobs' pod groups, so reconciles read no API.
 
 Objects are kept slim (only the fields the decisions read) and as compact JSON: at 10,000 jobs and 50,000 pods
 parsed dicts would cost several hundred MiB, strings a fraction of that. A reconcile parses the few it needs.
@@ -86,6 +87,23 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
 
 
+def slim_workload(workload: Mapping[str, Any]) -> Obj:
+    """What kubetf.kueue reads of a Workload: identity, its owners (the group's pods), its conditions."""
+    meta = workload.get("metadata") or {}
+    slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    slim_meta["ownerReferences"] = [{"uid": o.get("uid")} for o in meta.get("ownerReferences") or []]
+    kept = ("type", "status", "reason", "message", "lastTransitionTime")
+    conditions = [
+        {k: c[k] for k in kept if k in c}
+        for c in (workload.get("status") or {}).get("conditions") or []
+        if c.get("type") in WORKLOAD_CONDITIONS
+    ]
+    return {"metadata": slim_meta, "status": {"conditions": conditions}}
+
+
+WORKLOAD_CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Requeued", "Finished", "PodsReady")
+
+
 def pod_signature(pod: Obj) -> tuple[Any, ...]:
     """What the decisions read of a pod: an event that leaves it unchanged needs no reconcile."""
     status = pod.get("status") or {}
@@ -113,6 +131,14 @@ class Store:
         # job -> pod name -> (resourceVersion, slim JSON, signature, uid)
         self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...], str]]] = {}
         self.tombstones: OrderedDict[str, float] = OrderedDict()  # uid of a deleted object -> when
+        # Kueue (kubetf.kueue): LocalQueue -> its ClusterQueue; the groups' Workloads (slim JSON without their
+        # resourceVersion, so an update that changes nothing read compares equal); which job a group and a queue
+        # label belong to, so that a Workload's or a LocalQueue's event finds its jobs without parsing every job.
+        self.local_queues: dict[Key, str] = {}
+        self.workloads: dict[Key, tuple[int, str]] = {}
+        self.groups: dict[Key, Key] = {}  # (namespace, group) -> job
+        self.job_groups: dict[Key, Key] = {}  # job -> (namespace, group)
+        self.job_queues: dict[Key, Key] = {}  # job -> (namespace, LocalQueue)
 
     def _bury(self, uid: str) -> None:
         now = time.monotonic()
@@ -129,11 +155,21 @@ class Store:
         """Store a job unless a version as new is stored; True when it changed what is stored."""
         key = (api.namespace(job), api.name(job))
         version = resource_version(job)
+        queue = kueue.queue_name(job)
+        group = kueue.group_name(job) if (job.get("metadata") or {}).get("uid") else None
         with self.lock:
             current = self.jobs.get(key)
             if self._buried(job) or (current is not None and version and current[0] >= version):
                 return False
             self.jobs[key] = (version, _encode(slim_job(job)))
+            if group is not None:
+                self._forget_group(key)
+                self.groups[(key[0], group)] = key
+                self.job_groups[key] = (key[0], group)
+            if queue is not None:
+                self.job_queues[key] = (key[0], queue)
+            else:
+                self.job_queues.pop(key, None)
             return True
 
     def job(self, key: Key) -> Obj | None:
@@ -144,7 +180,29 @@ class Store:
     def remove_job(self, key: Key, uid: str) -> None:
         with self.lock:
             self.jobs.pop(key, None)
+            self.job_queues.pop(key, None)
+            self._forget_group(key)
             self._bury(uid)
+
+    def _forget_group(self, key: Key) -> None:
+        group = self.job_groups.pop(key, None)
+        if group is not None and self.groups.get(group) == key:
+            del self.groups[group]
+
+    def prune_jobs(self, namespace: str, listed: set[Key], list_version: int) -> list[Key]:
+        """Drop the jobs of `namespace` ("": all) missing from a list taken at `list_version` (a watch gap hid their
+        deletion), unless stored with a newer version; returns them."""
+        with self.lock:
+            gone = [
+                key
+                for key, (version, _) in self.jobs.items()
+                if (not namespace or key[0] == namespace) and key not in listed and version <= list_version
+            ]
+            for key in gone:
+                del self.jobs[key]
+                self.job_queues.pop(key, None)
+                self._forget_group(key)
+        return gone
 
     def job_keys(self) -> list[Key]:
         with self.lock:
@@ -220,3 +278,73 @@ class Store:
     def pod_count(self) -> int:
         with self.lock:
             return sum(len(p) for p in self.pods.values())
+
+    # ------------------------------------------------------------------ Kueue
+
+    def put_local_queue(self, queue: Mapping[str, Any]) -> bool:
+        """Store a LocalQueue's ClusterQueue; True when that changed (its status, which Kueue updates all the time,
+        is not read)."""
+        meta = queue.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        cluster_queue = str((queue.get("spec") or {}).get("clusterQueue") or "")
+        with self.lock:
+            before = self.local_queues.get(key)
+            self.local_queues[key] = cluster_queue
+        return before != cluster_queue
+
+    def remove_local_queue(self, namespace: str, name: str) -> bool:
+        with self.lock:
+            return self.local_queues.pop((namespace, name), None) is not None
+
+    def local_queue(self, namespace: str, name: str) -> str | None:
+        """The LocalQueue's ClusterQueue as the watch showed it; None when the watch has not shown the queue."""
+        with self.lock:
+            return self.local_queues.get((namespace, name)) or None
+
+    def jobs_of_queue(self, namespace: str, name: str) -> list[Key]:
+        with self.lock:
+            return [job for job, queue in self.job_queues.items() if queue == (namespace, name)]
+
+    def put_workload(self, workload: Mapping[str, Any]) -> Key | None:
+        """Store a pod group's Workload (another job type's is not kept); the group's job when what the decisions
+        read of it changed. A group whose job is not known yet (a Workload listed before the jobs) is kept too."""
+        meta = workload.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        version = resource_version(workload)
+        pod_group = (meta.get("annotations") or {}).get(kueue.GROUP_WORKLOAD_ANNOTATION) == "true"
+        with self.lock:
+            job = self.groups.get(key)
+            if job is None and not pod_group:
+                return None
+            slim = slim_workload(workload)
+            slim["metadata"].pop("resourceVersion", None)
+            encoded = _encode(slim)
+            current = self.workloads.get(key)
+            if current is not None and version and current[0] >= version:
+                return None
+            self.workloads[key] = (version, encoded)
+            return job if current is None or current[1] != encoded else None
+
+    def remove_workload(self, namespace: str, name: str) -> Key | None:
+        with self.lock:
+            if self.workloads.pop((namespace, name), None) is None:
+                return None
+            return self.groups.get((namespace, name))
+
+    def prune_workloads(self, namespace: str, listed: set[Key], list_version: int) -> list[Key]:
+        """Drop the Workloads of `namespace` ("": all) missing from a list taken at `list_version`; returns their
+        jobs."""
+        with self.lock:
+            gone = [
+                key
+                for key, (version, _) in self.workloads.items()
+                if (not namespace or key[0] == namespace) and key not in listed and version <= list_version
+            ]
+            for key in gone:
+                del self.workloads[key]
+            return [job for key in gone if (job := self.groups.get(key)) is not None]
+
+    def workload(self, namespace: str, name: str) -> Obj | None:
+        with self.lock:
+            entry = self.workloads.get((namespace, name))
+        return json.loads(entry[1]) if entry else None

@@ -235,8 +235,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
         leader_election=args.leader_election,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+        resync_seconds=args.resync_seconds,
+        queue_position_seconds=args.queue_position_seconds,
         verbose=args.verbose,
-    ).with_runtime_defaults()
+    )
+    problem = config.problem()
+    if problem:
+        print(f"kubetf operator: {problem}", file=sys.stderr)
+        return 2
+    config = config.with_runtime_defaults()
     return runner.run(config, args.liveness_port, args.metrics_port, json_logs=args.log_format == "json")
 
 
@@ -392,6 +402,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="namespace of the leader Lease (in a pod: the pod's own namespace)",
     )  # fmt: skip
     operator.add_argument("--lease-name", default=DEFAULTS.lease_name, help="name of the leader Lease")
+    operator.add_argument(
+        "--lease-duration", type=float, default=DEFAULTS.lease_duration,
+        help="seconds a standby waits for an unrenewed lease before it takes over",
+    )  # fmt: skip
+    operator.add_argument(
+        "--renew-deadline", type=float, default=DEFAULTS.renew_deadline,
+        help="seconds the leader goes on writing without a renewal (less than --lease-duration)",
+    )  # fmt: skip
+    operator.add_argument(
+        "--retry-period", type=float, default=DEFAULTS.retry_period, help="seconds between renewals and attempts"
+    )
+    operator.add_argument(
+        "--resync-seconds", type=float, default=DEFAULTS.resync_seconds,
+        help="re-list every job, pod and Workload this often, in case a watch missed an event",
+    )  # fmt: skip
+    operator.add_argument(
+        "--queue-position-seconds", type=float, default=DEFAULTS.queue_position_seconds,
+        help="read Kueue's queue positions this often (its visibility API)",
+    )  # fmt: skip
     operator.add_argument("-v", "--verbose", action="store_true")
     operator.set_defaults(handler=cmd_operator)
     return parser

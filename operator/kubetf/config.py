@@ -6,6 +6,7 @@ Every default is stated here once; the command line's flags take their defaults 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 import socket
 import uuid
@@ -17,12 +18,13 @@ DEFAULT_LEASE_NAMESPACE = "kubetf-system"
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    namespaces: tuple[str, ...] = ()  # empty: every namespace; glob patterns (team-*) work too
     # Client-side rate limit of all API traffic (a token bucket, like client-go's QPS and burst).
     qps: float = 300.0
     burst: int = 600
     workers: int = 8  # reconciles run in parallel (one job is never reconciled by two at once)
-    # Safety resync of each unfinished job: re-read from the API server, in case a watch missed an event.
+    # Safety resync: every job, pod and pod group Workload re-listed from the API server (paged), in case a watch
+    # missed an event; the jobs whose state differs from the cache's are reconciled.
     resync_seconds: float = 600.0
     resync_jitter: float = 0.2
     # Pods of one job are created in batches that double from `first_batch` (stopping at the first error), at
@@ -31,9 +33,15 @@ class OperatorConfig:
     creates_per_reconcile: int = 64
     # How long a reconcile waits for the watch to deliver the operator's own creates and deletes.
     expectations_timeout: float = 30.0
-    # Per-job backoff after a failed reconcile: doubling from the first delay up to the cap.
+    # Per-job backoff after a failed reconcile: doubling from the first delay up to the cap; for an error of the
+    # cluster that goes away by itself (a 5xx, a webhook it cannot call, a timeout), up to `transient_retry_cap`.
     error_backoff_first: float = 1.0
     error_backoff_cap: float = 300.0
+    transient_retry_cap: float = 5.0
+    # Kueue's visibility API is read this often for the place of each queued job in its ClusterQueue; the status
+    # writes it causes are budgeted (per second, the front of each queue first).
+    queue_position_seconds: float = 30.0
+    queue_position_writes: float = 2.0
     # Leader election on a Lease (client-go's protocol): the holder renews every `retry_period`; it stops
     # writing when it could not renew for `renew_deadline`; a standby takes over once the holder's record has
     # not changed for `lease_duration`. renew_deadline < lease_duration keeps two writers from overlapping.
@@ -45,6 +53,25 @@ class OperatorConfig:
     retry_period: float = 1.0
     identity: str = ""
     verbose: bool = False
+
+    def list_scopes(self) -> tuple[str, ...]:
+        """What to list: each namespace named, or "" (every namespace, then filtered by `serves`) when a pattern
+        names them."""
+        if not self.namespaces or any(set(n) & set("*?[") for n in self.namespaces):
+            return ("",)
+        return self.namespaces
+
+    def serves(self, namespace: str) -> bool:
+        return not self.namespaces or any(fnmatch.fnmatchcase(namespace, n) for n in self.namespaces)
+
+    def problem(self) -> str | None:
+        """What makes these settings unsafe, with the flags to fix; None when they are fine."""
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            return (
+                f"--retry-period ({self.retry_period}) < --renew-deadline ({self.renew_deadline}) < --lease-duration "
+                f"({self.lease_duration}) is required: a leader must stop writing before a standby may take over"
+            )
+        return None
 
     def with_runtime_defaults(self) -> OperatorConfig:
         """Fill what depends on where the operator runs: its identity and, in a pod, the lease's namespace."""

@@ -9,33 +9,36 @@ which go before safety resyncs.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubetf import api, kueue, metrics, reconcile, sigterm
+from kubetf import api, kueue, metrics, positions, reconcile, sigterm
 from kubetf import status as st
 from kubetf.cache import Key, Store
 from kubetf.config import OperatorConfig
-from kubetf.kube import Kube, NotLeader, Refused
+from kubetf.kube import Kube, NotLeader, Refused, is_transient
+from kubetf.positions import QueuePositions
 from kubetf.reconcile import Event, Plan, Refusal
 from kubetf.workqueue import Expectations, ShutDown, WorkQueue
 
 log = logging.getLogger("kubetf.operator")
 
 # Priorities: lower runs first.
-URGENT = 0  # a pod ended, vanished or is being taken away: a restart is due
+URGENT = 0  # a pod ended, vanished or is being taken away, Kueue admitted or evicted: a restart is due
 NORMAL = 1  # a new or changed job, a pod that started, a timer
-RESYNC = 2  # the periodic safety re-read
+RESYNC = positions.RESYNC  # nothing changed but a job's place in its queue
 
 AUDIT_AFTER_START = 20.0  # seconds: the watches have listed by then
 NODE_STATE_SECONDS = 5.0  # how long a node's Ready state read from the API serves every job with pods there
 # A previous job's Service or PVC is usually garbage-collected within seconds: look again soon, not after 5 minutes.
 NAME_IN_USE_RECHECK = 10.0
-# How long a LocalQueue read from the API serves (its ClusterQueue), and its absence: one created late is seen soon.
-LOCAL_QUEUE_SECONDS, NO_LOCAL_QUEUE_SECONDS = 30.0, 5.0
+# A LocalQueue the watch has not shown (not listed yet, or missing) is read from the API; its absence serves this
+# long. Whether the cluster serves Kueue's API at all is asked as often.
+NO_LOCAL_QUEUE_SECONDS = 5.0
 
 
 class Controller:
@@ -48,18 +51,27 @@ class Controller:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.node_states: dict[str, tuple[float, bool]] = {}  # node -> (read at, lost)
-        # (namespace, LocalQueue) -> (read at, Kueue installed, its ClusterQueue or None)
-        self.local_queues: dict[tuple[str, str], tuple[float, bool, str | None]] = {}
+        # A LocalQueue the watch has not shown, read from the API: (namespace, name) -> (read at, Kueue installed,
+        # its ClusterQueue or None)
+        self.local_queue_reads: dict[tuple[str, str], tuple[float, bool, str | None]] = {}
+        self.positions = QueuePositions(kube, self.store, self.queue, config, clock)
         self.sigterm_watch: dict[Key, dict[str, sigterm.Watched]] = {}  # pods sent SIGTERM, by uid
         self.threads: list[threading.Thread] = []
-        self.audit_on_list = False  # set once the audit after the start is done: later lists are re-lists
+        # Leadership (kubetf.leader): a reconcile whose writes were refused for want of the lease is kept here, with
+        # its priority, and run again once the lease is held (`leadership`).
+        self.leading = True
+        self.refused: dict[Key, int] = {}
+        self.audit_on_list = False  # set once the re-list after the start is done: later kopf lists are re-lists
+        self.refreshing = threading.Lock()  # one re-list at a time
+        self.stopping = threading.Event()
         self.auditing = False
         self.audit_again = False  # a re-list came during an audit that may have listed before it
 
     # ------------------------------------------------------------------ lifecycle
 
     def run(self) -> None:
-        """Prime the cache, start the workers, and audit the cache once the watches run (call on a thread)."""
+        """Prime the cache, start the workers, then re-list everything once the watches run and every
+        `resync_seconds` after that (call on a thread)."""
         delay = 1.0
         while True:
             try:
@@ -70,23 +82,29 @@ class Controller:
                 time.sleep(delay)
                 delay = min(2 * delay, 30.0)
         self.start()
-        threading.Thread(target=self._audit_after_start, name="kubetf-audit", daemon=True).start()
+        threading.Thread(target=self._resync_loop, name="kubetf-resync", daemon=True).start()
 
-    def _audit_after_start(self) -> None:
-        time.sleep(AUDIT_AFTER_START)
-        self._audit()
-        self.audit_on_list = True
+    def _resync_loop(self) -> None:
+        """The first re-list comes once the watches run (a deletion between the priming list and the start of a
+        watch is acted on then), the next ones every resync_seconds (with jitter): a missed watch event costs no
+        more than that, and no job is polled on its own."""
+        delay = AUDIT_AFTER_START
+        while not self.stopping.wait(delay):
+            self._refresh()
+            self.audit_on_list = True
+            jitter = random.uniform(-self.config.resync_jitter, self.config.resync_jitter)
+            delay = self.config.resync_seconds * (1 + jitter)
 
-    def _audit(self) -> None:
+    def _refresh(self) -> None:
         try:
-            self.audit()
-        except Exception:  # the jobs' own resyncs remain
-            log.exception("auditing the cache failed")
+            self.refresh()
+        except Exception:  # the watches and the next re-list remain
+            log.exception("re-listing jobs, pods and Workloads failed")
 
     def _listed(self) -> None:
         """kopf listed again: its watch could not resume (a restarted API server has none of the old versions),
-        and a list shows no deletions, so a pod deleted meanwhile would stay cached. Audit once more: a list taken
-        after kopf's shows them, and kopf's watch goes on from its own list."""
+        and a list shows no deletions, so a pod deleted meanwhile would stay cached. Re-list once more: a list
+        taken after kopf's shows them, and kopf's watch goes on from its own list."""
         with self.lock:
             if not self.audit_on_list:
                 return
@@ -94,11 +112,11 @@ class Controller:
                 self.audit_again = True
                 return
             self.auditing = True
-        threading.Thread(target=self._audit_until_done, name="kubetf-audit", daemon=True).start()
+        threading.Thread(target=self._refresh_until_done, name="kubetf-refresh", daemon=True).start()
 
-    def _audit_until_done(self) -> None:
+    def _refresh_until_done(self) -> None:
         while True:
-            self._audit()
+            self._refresh()
             with self.lock:
                 if not self.audit_again:
                     self.auditing = False
@@ -106,58 +124,128 @@ class Controller:
                 self.audit_again = False
 
     def prime(self) -> None:
-        """Fill the cache with a paged list of jobs and of the operator's pods before any reconcile, so that no
-        job is ever judged on a partial view of its pods (a restarted operator would see them all 'vanished')."""
-        namespaces = self.config.namespaces
-        for job in self.kube.list_paged(api.PLURAL, namespaces):
-            self.store.put_job(job)
-        for pod in self.kube.list_paged("pods", namespaces, api.MANAGED_PODS_SELECTOR):
+        """Fill the cache with paged lists of jobs, the operator's pods and Kueue's LocalQueues and Workloads before
+        any reconcile, so that no job is ever judged on a partial view (a restarted operator would see its pods
+        'vanished', a queued job's Workload missing and its admission lost)."""
+        scopes, serves = self.config.list_scopes(), self._serves
+        for job in self.kube.list_paged(api.PLURAL, scopes):
+            if serves(job):
+                self.store.put_job(job)
+        for pod in self.kube.list_paged("pods", scopes, api.MANAGED_PODS_SELECTOR):
             key = _pod_job(pod)
-            if key is not None:
+            if key is not None and serves(pod):
                 self.store.put_pod(key, pod)
+        for namespace in scopes:
+            for items, _ in self.kube.workload_pages(namespace):
+                for workload in filter(serves, items):
+                    self.store.put_workload(workload)
+            for items, _ in self.kube.local_queue_pages(namespace):
+                for queue in filter(serves, items):
+                    self.store.put_local_queue(queue)
         self.requeue_all()
         for key in self.store.pod_jobs():  # pods of a job deleted while no operator ran: Kueue's finalizer
             if self.store.job(key) is None:
                 self.queue.add(key, NORMAL)
         log.info("cache primed: %d jobs, %d pods", self.store.job_count(), self.store.pod_count())
 
-    def audit(self) -> None:
-        """Compare the cached pods with a fresh paged list: a deletion that fell between the priming list and
-        the start of kopf's watch is acted on now, not at the job's next resync."""
-        for namespace in self.config.namespaces or ("",):
-            # Each page goes into the cache as it comes, newer versions only; what is kept to the end is the names
-            # (holding 50,000 pods' slim copies instead cost a restarted operator about 100 MB at once).
-            listed: dict[Key, set[str]] = {
-                key: set() for key in self.store.pod_jobs() if not namespace or key[0] == namespace
-            }
-            changed: set[Key] = set()
-            version = 0
-            for items, list_version in self.kube.pages("pods", namespace, api.MANAGED_PODS_SELECTOR):
-                version = list_version
-                for pod in items:
-                    key = _pod_job(pod)
-                    if key is not None:
-                        listed.setdefault(key, set()).add(pod["metadata"]["name"])
-                        if self.store.put_pod(key, pod):
-                            changed.add(key)
-            for key, names in listed.items():
-                if self.store.prune_pods(key, names, version) or key in changed:
-                    log.warning("%s/%s: the watch had missed changes of its pods; acting on a fresh list", *key)
-                    self.expectations.forget(key)
+    def refresh(self) -> None:
+        """Compare the cache with fresh paged lists of the jobs, their pods and their groups' Workloads: what a
+        watch missed (a deletion during a watch gap, an event lost) is stored, and its job reconciled now."""
+        with self.refreshing:
+            for namespace in self.config.list_scopes():
+                self._refresh_jobs(namespace)
+                self._refresh_pods(namespace)
+                self._refresh_workloads(namespace)
+
+    def _refresh_jobs(self, namespace: str) -> None:
+        listed: set[Key] = set()
+        version = 0
+        for items, list_version in self.kube.pages(api.PLURAL, namespace):
+            version = list_version
+            for job in filter(self._serves, items):
+                key = (api.namespace(job), api.name(job))
+                listed.add(key)
+                if self.store.put_job(job):
+                    self.queue.add(key, NORMAL)
+        for key in self.store.prune_jobs(namespace, listed, version):
+            log.warning("%s/%s: deleted while the watch was away", *key)
+            self._record_phase(key, None)
+            self.queue.add(key, NORMAL)  # its pods may still need Kueue's finalizer released
+
+    def _refresh_pods(self, namespace: str) -> None:
+        # Each page goes into the cache as it comes, newer versions only; what is kept to the end is the names
+        # (holding 50,000 pods' slim copies instead cost a restarted operator about 100 MB at once).
+        listed: dict[Key, set[str]] = {
+            key: set() for key in self.store.pod_jobs() if not namespace or key[0] == namespace
+        }
+        changed: set[Key] = set()
+        version = 0
+        for items, list_version in self.kube.pages("pods", namespace, api.MANAGED_PODS_SELECTOR):
+            version = list_version
+            for pod in items:
+                key = _pod_job(pod)
+                if key is not None and self._serves(pod):
+                    listed.setdefault(key, set()).add(pod["metadata"]["name"])
+                    if self.store.put_pod(key, pod):
+                        changed.add(key)
+        for key, names in listed.items():
+            if self.store.prune_pods(key, names, version) or key in changed:
+                log.warning("%s/%s: the watch had missed changes of its pods; acting on a fresh list", *key)
+                self.expectations.forget(key)
+                self.queue.add(key, URGENT)
+
+    def _refresh_workloads(self, namespace: str) -> None:
+        listed: set[Key] = set()
+        version = 0
+        for items, list_version in self.kube.workload_pages(namespace):
+            version = list_version
+            for workload in filter(self._serves, items):
+                meta = workload.get("metadata") or {}
+                listed.add((meta.get("namespace") or "", meta.get("name") or ""))
+                key = self.store.put_workload(workload)
+                if key is not None:
                     self.queue.add(key, URGENT)
+        if version:  # listed (Kueue is installed)
+            for key in self.store.prune_workloads(namespace, listed, version):
+                self.queue.add(key, URGENT)
+
+    def _serves(self, obj: Mapping[str, Any]) -> bool:
+        return self.config.serves((obj.get("metadata") or {}).get("namespace") or "")
 
     def requeue_all(self) -> None:
-        """Reconcile every job again (leadership regained: events meanwhile may not have been acted on)."""
+        """Reconcile every job again."""
         for key in self.store.job_keys():
             self.queue.add(key, NORMAL)
+
+    def leadership(self, held: bool) -> None:
+        """The election's word (called on its thread): the lease was lost, or is held again. Held again, every job is
+        reconciled from a fresh read (events meanwhile may not have been acted on, the watches may have missed
+        some), the decisions refused meanwhile first."""
+        with self.lock:
+            self.leading = held
+        if held:
+            threading.Thread(target=self._regained, name="kubetf-regained", daemon=True).start()
+
+    def _regained(self) -> None:
+        self._refresh()
+        with self.lock:
+            refused, self.refused = self.refused, {}
+        for key, priority in refused.items():
+            self.queue.add(key, priority)
+        self.requeue_all()
+        if refused:
+            log.info("holding the lease again: %d decisions refused meanwhile run again", len(refused))
 
     def start(self) -> None:
         for i in range(self.config.workers):
             thread = threading.Thread(target=self._work, name=f"kubetf-reconcile-{i}", daemon=True)
             thread.start()
             self.threads.append(thread)
+        self.positions.start()
 
     def stop(self) -> None:
+        self.stopping.set()
+        self.positions.stop()
         self.queue.shutdown()
 
     def _work(self) -> None:
@@ -171,17 +259,34 @@ class Controller:
                 self.reconcile(key, priority)
                 self.queue.forget(key)
             except NotLeader as error:
-                log.debug("%s/%s: %s", *key, error)  # the election logs the loss once
+                self._refused_for_want_of_the_lease(key, priority, error)
             except Refused as error:  # the job's status and a Warning event say it: no traceback
-                cap = NAME_IN_USE_RECHECK if error.refusal.cause == reconcile.NAME_IN_USE else None
+                cap = {
+                    reconcile.NAME_IN_USE: NAME_IN_USE_RECHECK,
+                    reconcile.UNAVAILABLE: self.config.transient_retry_cap,
+                }.get(error.refusal.cause)
                 delay = self.queue.retry(key, priority, cap)
                 log.warning("%s/%s: could not create %s; retrying in %.0fs", *key, error, delay)
-            except Exception:
+            except Exception as error:
                 metrics.RECONCILE_ERRORS.inc()
-                delay = self.queue.retry(key, priority)
-                log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
+                if is_transient(error):  # the API server restarting, overloaded: back soon, and so is the job
+                    delay = self.queue.retry(key, priority, self.config.transient_retry_cap)
+                    log.warning("reconcile of %s/%s failed (%s); retrying in %.0fs", *key, _one_line(error), delay)
+                else:
+                    delay = self.queue.retry(key, priority)
+                    log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
             finally:
                 self.queue.done(key)
+
+    def _refused_for_want_of_the_lease(self, key: Key, priority: int, error: NotLeader) -> None:
+        """Keep the decision for when the lease is held again (`leadership`); if it is held already (the election
+        saw it back while this reconcile ran), run it again now."""
+        with self.lock:
+            if not self.leading:
+                self.refused[key] = min(priority, self.refused.get(key, priority))
+                log.debug("%s/%s: %s; kept until the lease is held again", *key, error)
+                return
+        self.queue.at(self.clock() + self.config.retry_period, key, priority)
 
     # ------------------------------------------------------------------ watch events (called on kopf's loop: no I/O)
 
@@ -220,11 +325,38 @@ class Controller:
             if priority is not None:
                 self.queue.add(key, priority)
 
+    def workload_event(self, type_: str | None, workload: Mapping[str, Any]) -> None:
+        """A Workload changed: its job is reconciled when what the decisions read of it changed (admitted, evicted,
+        finished, a new pod among its owners)."""
+        meta = workload.get("metadata") or {}
+        if type_ is None:  # kopf's type for an object it listed rather than watched
+            self._listed()
+        if type_ == "DELETED":
+            key = self.store.remove_workload(meta.get("namespace") or "", meta.get("name") or "")
+        else:
+            key = self.store.put_workload(workload)
+        if key is not None:
+            self.queue.add(key, URGENT)
+
+    def local_queue_event(self, type_: str | None, queue: Mapping[str, Any]) -> None:
+        """A LocalQueue appeared, went or changed its ClusterQueue: the jobs labelled with it are reconciled."""
+        meta = queue.get("metadata") or {}
+        namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+        if type_ == "DELETED":
+            changed = self.store.remove_local_queue(namespace, name)
+        else:
+            changed = self.store.put_local_queue(queue)
+        if changed:
+            with self.lock:
+                self.local_queue_reads.pop((namespace, name), None)
+            for key in self.store.jobs_of_queue(namespace, name):
+                self.queue.add(key, NORMAL)
+
     # ------------------------------------------------------------------ reconcile
 
     def reconcile(self, key: Key, priority: int = NORMAL) -> Plan | None:
-        """Reconcile one job; at RESYNC priority (nothing else asked for it) re-read it from the API first.
-        Returns the plan it carried out, None when there was nothing to decide yet."""
+        """Reconcile one job from the cache. Returns the plan it carried out, None when there was nothing to decide
+        yet (its own writes not shown by the watch)."""
         started = time.monotonic()
         namespace, name = key
         waiting_until = self.expectations.waiting_until(key)
@@ -233,11 +365,10 @@ class Controller:
                 self.deferred[key] = min(priority, self.deferred.get(key, priority))
             self.queue.at(waiting_until, key, NORMAL)  # a lost watch event must not stall the job
             return None
-        if priority == RESYNC:
-            self._reread(key)
         job = self.store.job(key)
         if job is None or job["metadata"].get("deletionTimestamp"):
             self._record_phase(key, None)
+            self.positions.track(key, None, None)
             self._let_kueue_finish(key)
             return None
         if not kueue.managed_here(job):
@@ -305,6 +436,7 @@ class Controller:
             self._write_status(job, stored, final)
         _count_restarts(original, final)
         self._record_phase(key, final.get("phase"))
+        self.positions.track(key, job, plan.admission if final.get("phase") == st.QUEUED else None)
         if failed is not None:
             raise failed  # what was created is recorded; the rest is retried with this job's backoff
         if plan.delete_job:
@@ -313,31 +445,39 @@ class Controller:
             return plan
         if more_to_create:
             self.queue.add(key, NORMAL)  # to the back of the line: other jobs' creations go in between
-        self._schedule(key, plan, final, now)
+        self._schedule(key, plan)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         if refusal is not None and refusal.cause != reconcile.INVALID:
             raise Refused(refusal)  # recorded and reported; retried with this job's backoff
         return plan
 
     def _admission(self, job: dict[str, Any], now: float) -> kueue.Admission | None:
-        """What Kueue says of a queued job that has not ended: its LocalQueue (cached) and its group's Workload."""
+        """What Kueue says of a queued job that has not ended: its LocalQueue and its group's Workload (watched),
+        and its place in the ClusterQueue (kubetf.positions)."""
         queue = kueue.queue_name(job)
         suspended = ((job.get("spec") or {}).get("runPolicy") or {}).get("suspend")
         if queue is None or suspended or (job.get("status") or {}).get("phase") in st.FINISHED:
             return None
-        namespace = api.namespace(job)
-        with self.lock:
-            read_at, installed, cluster_queue = self.local_queues.get(
-                (namespace, queue), (-LOCAL_QUEUE_SECONDS, True, None)
-            )
-        if now - read_at >= (LOCAL_QUEUE_SECONDS if cluster_queue else NO_LOCAL_QUEUE_SECONDS):
-            installed, cluster_queue = self.kube.local_queue(namespace, queue)
-            with self.lock:
-                self.local_queues[(namespace, queue)] = (now, installed, cluster_queue)
+        namespace, group = api.namespace(job), kueue.group_name(job)
+        cluster_queue = self.store.local_queue(namespace, queue)
+        installed = True
+        if cluster_queue is None:
+            installed, cluster_queue = self._read_local_queue(namespace, queue, now)
         if not installed or cluster_queue is None:
             return kueue.Admission(queue, cluster_queue, installed)
-        workload = self.kube.workload(namespace, kueue.group_name(job))
-        return kueue.Admission(queue, cluster_queue, installed, workload)
+        workload = self.store.workload(namespace, group)
+        position = self.positions.position(namespace, group)
+        return kueue.Admission(queue, cluster_queue, installed, workload, position)
+
+    def _read_local_queue(self, namespace: str, name: str, now: float) -> tuple[bool, str | None]:
+        """A LocalQueue the watch has not shown: read from the API (its absence, or Kueue's, serves a few seconds)."""
+        with self.lock:
+            read_at, installed, cluster_queue = self.local_queue_reads.get((namespace, name), (-math.inf, True, None))
+        if now - read_at >= NO_LOCAL_QUEUE_SECONDS:
+            installed, cluster_queue = self.kube.local_queue(namespace, name)
+            with self.lock:
+                self.local_queue_reads[(namespace, name)] = (now, installed, cluster_queue)
+        return installed, cluster_queue
 
     def _let_kueue_finish(self, key: Key) -> None:
         """A deleted job's pods go with it (garbage collection): with Kueue's finalizer they would stay, and hold
@@ -456,26 +596,9 @@ class Controller:
         self.store.put_job(updated)  # newer than the watch's copy: its echo is then ignored
         return updated
 
-    def _reread(self, key: Key) -> None:
-        """A resync: the job and its pods from the API server, replacing what a watch gap may have left stale."""
-        namespace, name = key
-        job = self.kube.get_job(namespace, name)
-        if job is None:
-            cached = self.store.job(key)
-            self.store.remove_job(key, ((cached or {}).get("metadata") or {}).get("uid", ""))
-            return
-        self.store.put_job(job)
-        pods, version = self.kube.list_pods(namespace, name)
-        if self.store.replace_pods(key, pods, version):
-            log.warning("%s/%s: the watch had missed changes of its pods; resynced from the API", namespace, name)
-
-    def _schedule(self, key: Key, plan: Plan, final: dict[str, Any], now: float) -> None:
+    def _schedule(self, key: Key, plan: Plan) -> None:
         if plan.requeue_at is not None:
             self.queue.at(plan.requeue_at, key, NORMAL)
-        # Timers add to the safety resync, never replace it: a far deadline must not hide a missed event.
-        if final.get("phase") not in (*st.FINISHED, st.SUSPENDED):
-            jitter = random.uniform(-self.config.resync_jitter, self.config.resync_jitter)
-            self.queue.at(now + self.config.resync_seconds * (1 + jitter), key, RESYNC)
 
     def _record_phase(self, key: Key, phase: str | None) -> None:
         """Keep the jobs-by-phase gauge current by moving this job between phases (no scan of every job)."""
@@ -489,6 +612,10 @@ class Controller:
             metrics.JOBS.labels(phase=phase).inc()
         if before is not None:
             metrics.JOBS.labels(phase=before).dec()
+
+
+def _one_line(error: BaseException) -> str:
+    return str(getattr(error, "reason", None) or error).splitlines()[0][:300]
 
 
 def _names(pods: list[dict[str, Any]]) -> list[str]:

@@ -1,8 +1,11 @@
-"""kopf wiring, and nothing else: watch events of TrainingJobs and of the operator's pods go to the controller.
+"""kopf wiring, and nothing else: watch events of TrainingJobs, of the operator's pods and of Kueue's LocalQueues and
+Workloads go to the controller.
 
 The handlers are async and do no I/O (the controller only updates its cache and queue), so kopf's event loop is
 never blocked; reconciles run on the controller's own threads. The pod watch is filtered by the API server
-(kopf's label selectors): the operator neither receives nor keeps the cluster's other pods.
+(kopf's label selectors): the operator neither receives nor keeps the cluster's other pods. Kueue puts no label of
+ours on a pod group's Workload, so the Workload watch takes them all and the cache keeps only pod groups'. Without
+Kueue in the cluster kopf watches neither of its kinds, and starts when their CRDs appear.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from kubetf import api
+from kubetf import api, kueue
 from kubetf.controller import Controller
 from kubetf.kube import PAGE_SIZE
 
@@ -66,5 +69,13 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
     @kopf.on.event("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGER}, registry=registry)
     async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
         controller.pod_event(event["type"], event["object"])
+
+    @kopf.on.event(kueue.GROUP, kueue.VERSION, "workloads", registry=registry)
+    async def workload_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.workload_event(event["type"], event["object"])
+
+    @kopf.on.event(kueue.GROUP, kueue.VERSION, "localqueues", registry=registry)
+    async def local_queue_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.local_queue_event(event["type"], event["object"])
 
     return registry

@@ -18,11 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from kubetf import api, kueue, metrics
-from kubetf.reconcile import DENIED, INVALID, NAME_IN_USE, Refusal
+from kubetf.reconcile import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 
 log = logging.getLogger("kubetf.kube")
 
@@ -45,17 +46,38 @@ class Refused(Exception):
         self.refusal = refusal
 
 
-def refusal(obj: Obj, error: ApiException) -> Refusal | None:
-    """What the API server's refusal to create `obj` means; None when it is not about the object (a server error,
-    a throttled or timed-out request: retried like any failed reconcile)."""
-    message = _message(error)
+def refusal(obj: Obj, error: Exception) -> Refusal | None:
+    """What the API server's refusal to create `obj` means; None when it is not about the object (an error of the
+    operator's own, raised as it is)."""
     kind, name = obj["kind"], obj["metadata"]["name"]
+    if is_transient(error):  # a server error, a webhook it cannot call, a timeout: the cluster's, for now
+        return Refusal(UNAVAILABLE, kind, name, _message(error) if isinstance(error, ApiException) else _short(error))
+    if not isinstance(error, ApiException):
+        return None
+    message = _message(error)
     admission = "admission webhook" in message or "denied request" in message  # a webhook or a policy said no
     if error.status in (400, 422) and not admission:  # BadRequest: not even decodable (a quantity like 4GB)
         return Refusal(INVALID, kind, name, message)
     if error.status in (400, 403, 422):  # quota, LimitRange, PodSecurity, a webhook or a policy
         return Refusal(DENIED, kind, name, message)
     return None
+
+
+def is_transient(error: BaseException) -> bool:
+    """An error of the cluster that goes away by itself: the API server unreachable or overloaded (5xx, 429, a
+    timeout, a connection refused), or an admission webhook it cannot call (a 500 that names it)."""
+    if isinstance(error, ApiException):
+        return error.status == 429 or (error.status or 0) >= 500 or error.status == 0
+    return isinstance(error, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+class NotServed(Exception):
+    """The cluster does not serve this API to the operator: not installed (404), no RBAC for it (403), or its
+    aggregated API server unavailable (503)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
 
 
 class LogUnreadable(Exception):
@@ -67,6 +89,12 @@ def _message(error: ApiException) -> str:
         return str(json.loads(error.body)["message"])
     except (TypeError, ValueError, KeyError):
         return str(error.reason or error.status)
+
+
+def _short(error: BaseException) -> str:
+    """One line for a transient error: urllib3's own strings repeat the pool and the URL."""
+    reason = getattr(error, "reason", None)
+    return str(reason or error).splitlines()[0][:300]
 
 
 def _namespace_terminating(error: ApiException) -> bool:
@@ -262,8 +290,8 @@ class Kube:
         kind, namespace = obj["kind"], obj["metadata"]["namespace"]
         try:
             created: Obj = self._call("create", kind.lower(), self._creator(kind), namespace, obj)
-        except ApiException as error:
-            if error.status == 409 or _namespace_terminating(error):
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            if isinstance(error, ApiException) and (error.status == 409 or _namespace_terminating(error)):
                 return None  # the namespace going away takes the job with it
             found = refusal(obj, error)
             if found is None:
@@ -275,17 +303,17 @@ class Kube:
         """Server-side dry run of creating `objects` (validation and admission, nothing stored), in parallel:
         the worst refusal (invalid, then name in use, then denied), None when all may be created."""
         found = [r for r in self.pool.map(lambda o: self._dry_run(o, owner_uid), objects) if r is not None]
-        order = (INVALID, NAME_IN_USE, DENIED)
+        order = (INVALID, NAME_IN_USE, DENIED, UNAVAILABLE)
         return min(found, key=lambda r: order.index(r.cause)) if found else None
 
     def _dry_run(self, obj: Obj, owner_uid: str) -> Refusal | None:
         kind, meta = obj["kind"], obj["metadata"]
         try:
             self._call("create", kind.lower(), self._creator(kind), meta["namespace"], obj, dry_run="All")
-        except ApiException as error:
-            if _namespace_terminating(error):
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            if isinstance(error, ApiException) and _namespace_terminating(error):
                 return None
-            if error.status == 409:  # valid and admitted (both come before the name check): whose is it?
+            if isinstance(error, ApiException) and error.status == 409:  # valid and admitted: whose name is it?
                 return None if kind == "Pod" else self._name_in_use(obj, owner_uid)
             found = refusal(obj, error)
             if found is None:
@@ -431,11 +459,38 @@ class Kube:
             return bool(details), None
         return True, str((queue.get("spec") or {}).get("clusterQueue") or "") or None
 
-    def workload(self, namespace: str, name: str) -> Obj | None:
-        return self._get(
-            "workloads", self.custom.get_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace, "workloads",
-            name,
-        )  # fmt: skip
+    def pending_workloads(self, path: str, offset: int, limit: int) -> list[Obj]:
+        """Kueue's visibility API: the pending Workloads of a ClusterQueue (`clusterqueues/NAME`) or a LocalQueue
+        (`namespaces/NS/localqueues/NAME`), from `offset`, in queue order, each with its positionInClusterQueue.
+        Raises `NotServed` where the cluster does not serve it to the operator."""
+        try:
+            result = self._call(
+                "get", "pendingworkloads", self.api_client.call_api,
+                f"/apis/{kueue.VISIBILITY_GROUP}/{kueue.VISIBILITY_VERSION}/{path}/pendingworkloads", "GET",
+                query_params=[("offset", offset), ("limit", limit)], auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status in (403, 404, 503):
+                raise NotServed(error.status, _message(error)) from error
+            raise
+        items: list[Obj] = (result or {}).get("items") or []
+        return items
+
+    def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+        """Kueue's Workloads (namespace "": all), page by page; none where Kueue is not installed or not readable."""
+        return self._kueue_pages("workloads", namespace)
+
+    def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+        """Kueue's LocalQueues (namespace "": all), page by page; none where Kueue is not installed or not readable."""
+        return self._kueue_pages("localqueues", namespace)
+
+    def _kueue_pages(self, resource: str, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+        try:
+            yield from self.pages(resource, namespace, "", f"{kueue.GROUP}/{kueue.VERSION}")
+        except ApiException as error:
+            if error.status not in (403, 404):
+                raise
 
     def node_lost(self, name: str) -> bool:
         """The node is gone, or its Ready condition is not True (NotReady, or Unknown: it stopped reporting)."""

@@ -37,9 +37,11 @@ TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
 FINALIZER = "kueue.x-k8s.io/managed"
 GATE = "kueue.x-k8s.io/admission"
+GROUP_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/is-group-workload"  # "true" on the Workload of a plain-pod group
 TERMINATION_TARGET = "TerminationTarget"  # the pod condition Kueue sets on every pod it stops
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
+VISIBILITY_GROUP, VISIBILITY_VERSION = "visibility.kueue.x-k8s.io", "v1beta2"  # Kueue's pendingworkloads
 
 # spec.managedBy: unset or ours means this operator; MultiKueue dispatches the job to a worker cluster instead.
 MANAGED_BY_OPERATOR = "kubetf.io/operator"
@@ -144,21 +146,30 @@ def needs_unretriable(pods: list[Pod]) -> list[Pod]:
 
 @dataclass(frozen=True)
 class Admission:
-    """What the API says about a queued job's admission (read by the caller)."""
+    """What the cluster says of a queued job's admission: its LocalQueue and its group's Workload, read from the
+    operator's watches, and its place in the ClusterQueue from Kueue's visibility API (where served)."""
 
     local_queue: str
     cluster_queue: str | None  # None: no such LocalQueue in the job's namespace
     installed: bool = True  # False: the cluster has no Kueue API at all
     workload: dict[str, Any] | None = None  # the group's Workload; None: not created (yet)
+    position: int | None = None  # Kueue's positionInClusterQueue (0: next); None: not known
+    stopped: bool = False  # Kueue is stopping the job's pods (TerminationTarget): whatever the Workload still says
 
     @property
     def admitted(self) -> bool:
-        return _condition(self.workload, "Admitted") == "True" and not self.finished
+        """Admitted, and not being evicted: an evicted Workload stays Admitted until its pods are gone."""
+        return (
+            _condition(self.workload, "Admitted") == "True"
+            and _condition(self.workload, "Evicted") != "True"
+            and not self.finished
+            and not self.stopped
+        )
 
     @property
-    def has_words(self) -> bool:
-        """Kueue has said why the Workload waits (or that it cannot be admitted at all)."""
-        return self.cluster_queue is None or not self.installed or bool(self.workload and _kueue_words(self.workload))
+    def admitted_at(self) -> str | None:
+        """When Kueue admitted the Workload (its Admitted condition's lastTransitionTime), while it is admitted."""
+        return _condition(self.workload, "Admitted", "lastTransitionTime") if self.admitted else None
 
     @property
     def finished(self) -> bool:
@@ -179,11 +190,16 @@ class Admission:
             )
         where = f"{queue} (ClusterQueue {self.cluster_queue})"
         size = group_size(job)
+        place = ""
+        if self.position is not None:
+            place = (
+                "; next in its ClusterQueue" if self.position == 0 else f"; {self.position} ahead in its ClusterQueue"
+            )
         if self.workload is None:
-            return "Queued", f"waiting in {where} for Kueue to admit all {size} pods"
+            return "Queued", f"waiting in {where} for Kueue to admit all {size} pods{place}"
         words = _kueue_words(self.workload)
         name = self.workload["metadata"]["name"]
-        return "Queued", f"waiting in {where} for Kueue to admit all {size} pods (Workload {name}){words}"
+        return "Queued", f"waiting in {where} for Kueue to admit all {size} pods (Workload {name}){place}{words}"
 
 
 def _condition(obj: dict[str, Any] | None, type_: str, field: str = "status") -> str | None:

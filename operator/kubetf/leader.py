@@ -40,7 +40,7 @@ class LeaderElector:
         self.elected = threading.Event()
         self.heartbeat = clock()  # the loop's last round, for /healthz
         self.thread: threading.Thread | None = None
-        self.on_elected: Callable[[], None] = lambda: None
+        self.on_change: Callable[[bool], None] = lambda held: None  # the lease lost (False) or held again (True)
 
     # ------------------------------------------------------------------ state
 
@@ -58,7 +58,7 @@ class LeaderElector:
         self.thread.start()
 
     def run(self) -> None:
-        """Try to acquire, then renew, every retry_period until `stop`; `on_elected` each time the lease is won.
+        """Try to acquire, then renew, every retry_period until `stop`; `on_change` each time the lease is won or lost.
 
         A leader that cannot renew (the API server unreachable, or the lease taken) stops writing at once:
         `is_leader` turns False, which `Kube` checks before every write. It keeps trying, and resumes when it
@@ -76,11 +76,12 @@ class LeaderElector:
                 log.info("became the leader (lease %s/%s)", self.config.lease_namespace, self.config.lease_name)
                 metrics.LEADER.set(1)
                 self.elected.set()
-                self.on_elected()
+                self.on_change(True)
             elif leading and not self.is_leader():
                 leading = False
                 log.error("lost the leader lease: no writes until it is held again")
                 metrics.LEADER.set(0)
+                self.on_change(False)
             self.stopping.wait(self.config.retry_period)
 
     def stop(self, release: bool = True) -> None:

@@ -13,11 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetf import api, builders, kueue, policy
+from kubetf import api, builders, kueue, policy, timers
 from kubetf import status as st
 from kubetf.api import Job
 from kubetf.policy import Outcome, Termination
 from kubetf.status import COMPLETED, CREATED, WAITING, Pod, TaskView
+from kubetf.timers import REFUSED_SINCE, Clock
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,6 @@ class Plan:
 # While a pod is being deleted on a node, its node is looked at again this often: a node that stopped reporting
 # sends no event of its own.
 NODE_CHECK_SECONDS = 10
-# A queued job's condition carries Kueue's words about its Workload, which send no event to the operator: read again
-# this often while the job waits, and sooner while Kueue has said nothing yet (its Workload comes a moment after
-# the pods).
-QUEUED_RECHECK_SECONDS = 30
-QUEUED_FIRST_WORDS_SECONDS = 2
-# A resumed job waits for Kueue to drop the previous run's finished Workload (the pods' garbage collection): seconds.
-FINISHED_WORKLOAD_RECHECK_SECONDS = 2
 
 
 def plan(
@@ -115,14 +109,11 @@ def _plan(
         return result
 
     if api.run_policy(job).get("suspend"):
-        _suspend(job, pods, status, result, transition)
+        _suspend(job, pods, status, now, result, transition)
         return result
     if phase == st.SUSPENDED:
-        status.pop("startTime", None)  # as for batch Jobs: the active deadline counts from the resume
         result.events.append(Event("Normal", "Resumed", "Job resumed: creating its pods"))
         phase = None
-    if not status.get("startTime"):
-        status["startTime"] = st.format_time(now)
 
     views, orphans = st.observe(job, pods)
     result.delete += [p for p in orphans if not st.is_deleting(p)]
@@ -130,15 +121,17 @@ def _plan(
         if view.state == WAITING and view.pod is not None:
             view.state = CREATED  # created by an operator that stopped before it could record it
 
-    deadline = _deadline(job, status)
+    deadline = timers.deadline(job, status)
     if deadline is not None and now >= deadline:
         seconds = api.run_policy(job)["activeDeadlineSeconds"]
         transition(
-            st.FAILED, "DeadlineExceeded", f"Job was active longer than activeDeadlineSeconds={seconds}", "Warning"
+            st.FAILED,
+            "DeadlineExceeded",
+            f"Job was active longer than activeDeadlineSeconds={seconds} (time queued or suspended not counted)",
+            "Warning",
         )
         _finish(job, pods, status, now, result)
         return result
-    result.wake_at(deadline)
 
     # Tasks whose current pod finished or vanished.
     ended: list[tuple[TaskView, Termination]] = []
@@ -176,20 +169,18 @@ def _plan(
     for view in views.values():
         result.delete += [p for p in view.stale if not st.is_deleting(p)]
     terminating = {(v.role, v.index) for v in views.values() if any(not kueue.held(p, lost_nodes) for p in v.stale)}
-    old_workload = _previous_runs_workload(admission, pods)
+    old_workload = _previous_runs_workload(result.admission, pods)
     for view in views.values():
         if view.state != WAITING or view.pod is not None or view.stale:
             continue
         if terminating and any(task in terminating for task in policy.barrier(job, view.role, view.index)):
             continue
         if old_workload:
-            result.wake_at(now + FINISHED_WORKLOAD_RECHECK_SECONDS)
-            continue
+            continue  # the Workload's deletion (watched) brings the job back
         if restart_after is not None and now < restart_after:
             result.wake_at(restart_after)
             continue
         result.create.append(builders.desired_pod(job, view.role, view.index, view.attempt))
-    _wake_when_waits_turn_into_warnings(views, now, result)
     if restart_after is not None and now >= restart_after:
         status.pop("restartAfter", None)
     if result.create:
@@ -198,6 +189,8 @@ def _plan(
             reason, message = admission.waiting(job)
             result.events.append(Event("Warning", reason, message + "; its pods run without queueing"))
 
+    _account(status, views, result.admission, now)
+    _wake_when_waits_turn_into_warnings(views, status, now, result)
     _startup_timeout(job, views, status, now, result, transition)
     if status.get("phase") != st.FAILED:
         _create_timeout(job, status, now, result, transition)
@@ -205,15 +198,23 @@ def _plan(
         _finish(job, pods, status, now, result)
         return result
 
-    _derive_phase(job, views, phase, status, transition, now, admission)
-    _recheck_while_queued(result, status, now)
+    _derive_phase(job, views, phase, status, transition, now, result.admission)
+    result.wake_at(timers.deadline(job, status))
     return result
 
 
-def _recheck_while_queued(plan_: Plan, status: dict[str, Any], now: float) -> None:
-    if status.get("phase") == st.QUEUED:
-        waited = plan_.admission is not None and plan_.admission.has_words
-        plan_.wake_at(now + (QUEUED_RECHECK_SECONDS if waited else QUEUED_FIRST_WORDS_SECONDS))
+def _account(status: dict[str, Any], views: dict[str, TaskView], admission: kueue.Admission | None, now: float) -> None:
+    """Open or close the job's active period (kubetf.timers): it is active unless it waits for Kueue's admission."""
+    if _waits_for_admission(views, admission):
+        timers.account(status, Clock.QUEUED, now)
+        if admission is not None and admission.position is not None:
+            status["queuePosition"] = admission.position
+        else:
+            status.pop("queuePosition", None)
+        return
+    status.pop("queuePosition", None)
+    admitted_at = st.parse_time(admission.admitted_at) if admission is not None else None
+    timers.account(status, Clock.ACTIVE, now, admitted_at)
 
 
 def _previous_runs_workload(admission: kueue.Admission | None, pods: list[Pod]) -> bool:
@@ -237,6 +238,7 @@ def after_creation(plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], 
     job_with_status = dict(job, status=status)
     views, _ = st.observe(job_with_status, [*pods, *created])
     generation = job["metadata"].get("generation")
+    _account(status, views, plan_.admission, now)  # pods just created may be gated: the job waits for Kueue
     _derive_phase(
         job,
         views,
@@ -246,9 +248,8 @@ def after_creation(plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], 
         now,
         plan_.admission,
     )
-    _recheck_while_queued(plan_, status, now)  # the pods just created are queued: Kueue sends no event
     # Their timers too: their ADDED events carry nothing the creates did not return, so they bring no reconcile.
-    _wake_when_waits_turn_into_warnings(views, now, plan_)
+    _wake_when_waits_turn_into_warnings(views, status, now, plan_)
     _startup_timeout(job, views, status, now, plan_, lambda *_: None)
     return status
 
@@ -312,6 +313,8 @@ def _restart(
     # Kueue stops the whole group at once (preemption, eviction): every task not finished restarts, and the
     # deletions of the others, seen in later reconciles, are not counted again.
     stopped_by_kueue = any(v.pod is not None and kueue.termination_target(v.pod) for v, _ in ended)
+    if stopped_by_kueue and result.admission is not None:  # queued again at once, whatever the Workload still says
+        result.admission = dataclasses.replace(result.admission, stopped=True)
     everything = [(v, None) for v in views.values() if v.state != COMPLETED] if stopped_by_kueue else []
     for view, _termination in [*ended, *everything]:
         targets += [t for t in policy.restart_targets(job, view.role, view.index) if t not in targets]
@@ -431,8 +434,8 @@ def _derive_phase(
     admission: kueue.Admission | None = None,
 ) -> None:
     _store_tasks(status, views)
-    running = all(v.state == COMPLETED or (v.pod is not None and st.is_started(v.pod)) for v in views.values())
-    if not running and _queued(views, admission):
+    running = _all_running(views)
+    if not running and _waits_for_admission(views, admission):
         reason, message = admission.waiting(job) if admission else ("Queued", "waiting for Kueue to admit the pods")
         transition(st.QUEUED, reason, message, "Normal" if reason == "Queued" else "Warning")
         return
@@ -445,9 +448,9 @@ def _derive_phase(
         finished = f", {done} finished" if done else ""
         transition(st.RUNNING, "AllPodsRunning", f"{total - done}/{total} pods running{not_ready}{finished}")
         return
-    reason, message = st.waiting_message(views, api.name(job), now)
+    reason, message = st.waiting_message(views, api.name(job), now, st.parse_time(status.get("activeSince")))
     event_type = "Normal" if reason in EXPECTED_WAITS else "Warning"
-    if status.get(REFUSED_SINCE):
+    if status.get(REFUSED_SINCE) or status.get(UNAVAILABLE_SINCE):
         return  # a refused create's condition stays until the creates go through (`after_creates`)
     if previous == st.RESTARTING:
         current = st.current_condition(status) or {}
@@ -464,21 +467,32 @@ def _derive_phase(
     transition(st.PENDING, reason, message, event_type)
 
 
-def _queued(views: dict[str, TaskView], admission: kueue.Admission | None) -> bool:
-    """Waiting for Kueue: a pod of the job still gated while its Workload is not admitted. Replacements in an
-    admitted group are ungated by Kueue within moments: a restart keeps its admission and never shows Queued."""
-    if admission is not None and admission.installed and admission.cluster_queue is None:
-        return True  # Kueue cannot admit it: say why, whatever the pods show
-    if admission is not None and admission.admitted:
+def _all_running(views: dict[str, TaskView]) -> bool:
+    return all(v.state == COMPLETED or (v.pod is not None and st.is_started(v.pod)) for v in views.values())
+
+
+def _waits_for_admission(views: dict[str, TaskView], admission: kueue.Admission | None) -> bool:
+    """The job cannot run until Kueue admits its group: its LocalQueue is missing, or its group is not admitted and
+    its pods are gated (or, none left, will be when created). A restart under an admitted group never waits: Kueue
+    ungates the replacements at once."""
+    if admission is None or not admission.installed or _all_running(views):
         return False
-    return any(v.pod is not None and kueue.is_gated(v.pod) for v in views.values())
+    if admission.cluster_queue is None:
+        return True  # Kueue cannot admit it: say why, whatever the pods show
+    if admission.admitted:
+        return False
+    current = [v.pod for v in views.values() if v.pod is not None and not st.is_deleting(v.pod)]
+    return not current or any(kueue.is_gated(p) for p in current)
 
 
-def _wake_when_waits_turn_into_warnings(views: dict[str, TaskView], now: float, result: Plan) -> None:
+def _wake_when_waits_turn_into_warnings(
+    views: dict[str, TaskView], status: dict[str, Any], now: float, result: Plan
+) -> None:
     """Reconcile again when a wait becomes worth reporting: a pod unscheduled past the grace, an old pod still
     terminating past its grace period."""
+    started = st.parse_time(status.get("activeSince"))
     for view in views.values():
-        since = st.unscheduled_since(view.pod) if view.pod is not None else None
+        since = st.unscheduled_since(view.pod, started) if view.pod is not None else None
         if since is not None and now < since + st.SCHEDULING_GRACE_SECONDS:
             result.wake_at(since + st.SCHEDULING_GRACE_SECONDS)
         for old in view.stale:
@@ -490,38 +504,34 @@ def _wake_when_waits_turn_into_warnings(views: dict[str, TaskView], now: float, 
 def _startup_timeout(
     job: Job, views: dict[str, TaskView], status: dict[str, Any], now: float, result: Plan, transition: Any
 ) -> None:
-    timeout = api.run_policy(job).get("startupTimeoutSeconds")
-    if not timeout:
-        return
+    """Fail the job when a pod could not start within startupTimeoutSeconds of the moment it may (kubetf.timers)."""
     for view in views.values():
         pod = view.pod
         if pod is None or st.is_deleting(pod) or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
             continue
-        created = st.parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
-        if created is None:
+        due = timers.startup_due(job, pod, status, result.admission)
+        if due is None:
             continue
-        if now >= created + timeout:
-            why = st.pending_reason(pod, now) or "containers not started"
+        if now >= due:
+            # The scheduler's words even inside their grace period: they say why, better than no reason at all.
+            why = st.pending_reason(pod) or "containers not started"
             name = (pod.get("metadata") or {}).get("name")
+            timeout = api.run_policy(job)["startupTimeoutSeconds"]
             transition(
                 st.FAILED,
                 "StartupTimeout",
-                f"{name} was not running after startupTimeoutSeconds={timeout}: {why}",
+                f"{name} was not running startupTimeoutSeconds={timeout} after it could start: {why}",
                 "Warning",
             )
             result.persist_first = True
             return
-        result.wake_at(created + timeout)
+        result.wake_at(due)
 
 
-def _deadline(job: Job, status: dict[str, Any]) -> float | None:
-    seconds = api.run_policy(job).get("activeDeadlineSeconds")
-    start = st.parse_time(status.get("startTime"))
-    return start + seconds if seconds and start is not None else None
-
-
-def _suspend(job: Job, pods: list[Pod], status: dict[str, Any], result: Plan, transition: Any) -> None:
-    """Suspend deletes every pod and keeps the counters; tasks not finished start over on resume."""
+def _suspend(job: Job, pods: list[Pod], status: dict[str, Any], now: float, result: Plan, transition: Any) -> None:
+    """Suspend deletes every pod and keeps the counters; tasks not finished start over on resume. The time it stays
+    suspended does not count (kubetf.timers)."""
+    timers.account(status, Clock.STOPPED, now)
     views, _ = st.observe(job, pods)
     if status.get("phase") != st.SUSPENDED:
         for view in views.values():
@@ -538,6 +548,7 @@ def _suspend(job: Job, pods: list[Pod], status: dict[str, Any], result: Plan, tr
 
 def _finish(job: Job, pods: list[Pod], status: dict[str, Any], now: float, result: Plan) -> None:
     status.setdefault("completionTime", st.format_time(now))
+    timers.account(status, Clock.STOPPED, now)
     status.pop("restartAfter", None)
     result.persist_first = True
     result.create = []
@@ -557,19 +568,18 @@ def _finished(job: Job, pods: list[Pod], status: dict[str, Any], now: float, res
     deleted = {id(p) for p in result.delete}
     kept = [p for p in pods if id(p) not in deleted and not st.is_deleting(p)]
     _store_tasks(status, st.observe(dict(job, status=status), kept)[0])
-    ttl = api.run_policy(job).get("ttlSecondsAfterFinished")
-    finished_at = st.parse_time(status.get("completionTime"))
-    if ttl is not None and finished_at is not None:
-        if now >= finished_at + ttl:
+    due = timers.ttl_due(job, status)
+    if due is not None:
+        if now >= due:
             result.delete_job = True
         else:
-            result.wake_at(finished_at + ttl)
+            result.wake_at(due)
 
 
 # ---------------------------------------------------------------------- creates the API server refuses
 
-INVALID, DENIED, NAME_IN_USE = "Invalid", "Denied", "NameInUse"
-REFUSED_SINCE = "createRejectedSince"  # status field: since when the job's creates have been refused
+INVALID, DENIED, NAME_IN_USE, UNAVAILABLE = "Invalid", "Denied", "NameInUse", "Unavailable"
+UNAVAILABLE_SINCE = "createUnavailableSince"  # status field: since when creates have met an unavailable API
 # Kubernetes' quantity grammar (resource.Quantity): what the API server cannot even decode as a Pod.
 _QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
 
@@ -578,7 +588,9 @@ _QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G
 class Refusal:
     """The API server would not create one of the job's objects, classified by kube.py from its answer."""
 
-    cause: str  # INVALID: wrong as written, never created | DENIED: quota, admission, webhook | NAME_IN_USE
+    # INVALID: wrong as written, never created | DENIED: quota, admission, webhook | NAME_IN_USE | UNAVAILABLE: the API
+    # server or a webhook it calls cannot answer now (5xx, timeout)
+    cause: str
     kind: str  # Pod | Service | PersistentVolumeClaim
     name: str
     message: str  # the API server's own words (for NAME_IN_USE: whose the object is)
@@ -604,7 +616,8 @@ def after_creates(
     Pending (or Restarting) with the reason in its condition, a Warning event, and startupTimeoutSeconds counting
     from the first refusal. None: nothing was refused, the wait (if any) is over."""
     if refusal is None:
-        without = dataclasses.replace(plan_, status={k: v for k, v in plan_.status.items() if k != REFUSED_SINCE})
+        waits = (REFUSED_SINCE, UNAVAILABLE_SINCE)
+        without = dataclasses.replace(plan_, status={k: v for k, v in plan_.status.items() if k not in waits})
         status = after_creation(without, pods, created, now)
         plan_.wake_at(without.requeue_at)
         return status
@@ -612,6 +625,9 @@ def after_creates(
     job = plan_.job
     generation = job["metadata"].get("generation")
     before = st.current_condition(plan_.status) or {}
+    if refusal.cause == UNAVAILABLE:
+        _unavailable(plan_, status, refusal, before, now)
+        return status
     if refusal.cause == INVALID:
         reason = "InvalidPodTemplate" if refusal.kind == "Pod" else "InvalidSpec"
         message = _invalid_message(job, refusal)
@@ -634,15 +650,32 @@ def after_creates(
     return status
 
 
+def _unavailable(plan_: Plan, status: dict[str, Any], refusal: Refusal, before: dict[str, Any], now: float) -> None:
+    """The API server or a webhook it calls could not answer a create: named in the condition and a Warning, retried
+    soon (the operator's retry cap for unavailable APIs); no time counts against the job, whose fault it is not."""
+    phase = status.get("phase")
+    phase = phase if phase in (st.RESTARTING, st.QUEUED) else st.PENDING
+    what = f"{refusal.kind} {refusal.name}"
+    message = (
+        f"{what} could not be created: {refusal.message}. The API server, or an admission webhook it calls, is "
+        "not answering; retrying until it does (this time does not count against startupTimeoutSeconds)"
+    )
+    _set(status, phase, "CreateUnavailable", message, now, plan_.job["metadata"].get("generation"))
+    status.setdefault(UNAVAILABLE_SINCE, st.format_time(now))
+    after = st.current_condition(status) or {}
+    if [before.get(k) for k in ("type", "reason", "message")] != [after.get(k) for k in ("type", "reason", "message")]:
+        plan_.events.append(Event("Warning", "CreateUnavailable", message))
+
+
 def _create_timeout(job: Job, status: dict[str, Any], now: float, result: Plan, transition: Any) -> None:
     """startupTimeoutSeconds also covers pods that could not even be created (refused since REFUSED_SINCE)."""
-    timeout = api.run_policy(job).get("startupTimeoutSeconds")
-    since = st.parse_time(status.get(REFUSED_SINCE))
-    if not timeout or since is None or not result.create:
+    due = timers.create_retry_due(job, status)
+    if due is None or not result.create:
         return
-    if now < since + timeout:
-        result.wake_at(since + timeout)
+    if now < due:
+        result.wake_at(due)
         return
+    timeout = api.run_policy(job)["startupTimeoutSeconds"]
     why = (st.current_condition(status) or {}).get("message", "")
     transition(
         st.FAILED, "StartupTimeout", f"pods could not be created for startupTimeoutSeconds={timeout}: {why}", "Warning"

@@ -3,7 +3,7 @@
 A standby (every replica but the leader) only takes part in the election: it watches nothing and writes nothing.
 Once it holds the lease it lists the jobs and pods, starts reconciling and starts kopf's watches. A leader that
 cannot renew its lease stops writing at once (its watches and cache go on); when it holds the lease again it
-reconciles every job, since what happened meanwhile may not have been acted on.
+reconciles every job from a fresh read, the decisions its lost lease refused first.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
     kube = Kube(config.qps, config.burst, may_write=elector.is_leader if elector else None, instance=config.identity)
     controller = Controller(kube, config)
     if elector is not None:
-        elector.on_elected = controller.requeue_all
+        elector.on_change = controller.leadership
     threading.Thread(target=controller.run, name="kubetf-start", daemon=True).start()
     try:
         kopf.run(

@@ -92,22 +92,28 @@ def is_started(pod: Pod) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Running", "Succeeded") and not is_deleting(pod)
 
 
-def unscheduled_since(pod: Pod) -> float | None:
-    """When the scheduler first said it cannot place the pod, or None."""
+def unscheduled_since(pod: Pod, not_before: float | None = None) -> float | None:
+    """When the scheduler first said it cannot place the pod, or None. `not_before`: when the job could start (its
+    admission): a pod created before that waited gated, and its condition keeps the time it was gated."""
+    created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             since = parse_time(condition.get("lastTransitionTime"))
-            return since if since is not None else parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+            if since is None:
+                since = created
+            if since is not None and not_before is not None and created is not None and created < not_before:
+                return max(since, not_before)
+            return since
     return None
 
 
-def pending_reason(pod: Pod, now: float | None = None) -> str | None:
+def pending_reason(pod: Pod, now: float | None = None, not_before: float | None = None) -> str | None:
     """Why a pod that should run does not: the scheduler's or the kubelet's own words. With `now`, a scheduling
-    wait shorter than SCHEDULING_GRACE_SECONDS is not a reason yet."""
+    wait shorter than SCHEDULING_GRACE_SECONDS (counted from `not_before` at the earliest) is not a reason yet."""
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            since = unscheduled_since(pod)
+            since = unscheduled_since(pod, not_before)
             if now is not None and since is not None and now < since + SCHEDULING_GRACE_SECONDS:
                 break
             return f"{condition.get('reason', 'Unschedulable')}: {condition.get('message', '')}".rstrip(": ")
@@ -186,11 +192,13 @@ def replica_statuses(views: dict[str, TaskView]) -> dict[str, dict[str, int]]:
     return counts
 
 
-def waiting_message(views: dict[str, TaskView], job_name: str, now: float) -> tuple[str, str]:
-    """(reason, message) for a job whose pods are not all running yet."""
+def waiting_message(
+    views: dict[str, TaskView], job_name: str, now: float, not_before: float | None = None
+) -> tuple[str, str]:
+    """(reason, message) for a job whose pods are not all running yet; `not_before`: when they could first start."""
     waiting = [v for v in views.values() if v.state != COMPLETED and not (v.pod is not None and is_started(v.pod))]
     total = sum(1 for v in views.values() if v.state != COMPLETED)
-    stuck = [(v, why) for v in waiting if v.pod is not None and (why := pending_reason(v.pod, now))]
+    stuck = [(v, why) for v in waiting if v.pod is not None and (why := pending_reason(v.pod, now, not_before))]
     if stuck:
         view, why = stuck[0]
         reason = why.split(":", 1)[0]

@@ -12,7 +12,7 @@ from typing import Any
 
 from kubetf import api, kueue, reconcile
 from kubetf import status as st
-from kubetf.kube import Creation, LogUnreadable, Refused
+from kubetf.kube import Creation, LogUnreadable, NotServed, Refused
 
 
 class FakeApi:
@@ -31,9 +31,12 @@ class FakeApi:
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
-        # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue) and Workloads (by name).
-        # Its webhook gates and finalizes queued pods at creation; the tests play its controller (admission, eviction).
-        self.kueue: dict[str, dict[str, Any]] | None = None
+        # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue), Workloads (by name) and
+        # what its visibility API serves ("pending": ClusterQueue -> [Workload name, ...] in queue order; absent: not
+        # served). Its webhook gates and finalizes queued pods at creation; the tests play its controller (admission,
+        # eviction). The watch delivers their changes: `deliver` compares them with what it delivered before.
+        self.kueue: dict[str, Any] | None = None
+        self.kueue_seen: dict[tuple[str, str], str] = {}  # (kind, name) -> the JSON last delivered
 
     # --------------------------------------------------------------- watch
 
@@ -41,9 +44,51 @@ class FakeApi:
         self.events.append((resource, type_, copy.deepcopy(obj)))
 
     def deliver(self, controller) -> None:
+        self._kueue_changes()
         events, self.events = self.events, []
+        handlers = {
+            "jobs": controller.job_event,
+            "pods": controller.pod_event,
+            "workloads": controller.workload_event,
+            "localqueues": controller.local_queue_event,
+        }
         for resource, type_, obj in events:
-            (controller.job_event if resource == "jobs" else controller.pod_event)(type_, obj)
+            handlers[resource](type_, obj)
+
+    def _kueue_changes(self) -> None:
+        """Kueue's objects as its controller keeps them (a Workload owned by every pod of its group, moments after a
+        pod appears, unless the test froze its owners), and a watch event for each that changed."""
+        current: dict[tuple[str, str], dict] = {}
+        for name, cluster_queue in (self.kueue or {}).get("queues", {}).items():
+            meta = {"name": name, "namespace": self.namespace}
+            current[("localqueues", name)] = {"metadata": meta, "spec": {"clusterQueue": cluster_queue}}
+        for name in (self.kueue or {}).get("workloads", {}):
+            current[("workloads", name)] = self._workload(name)
+        for (kind, name), obj in current.items():
+            encoded = repr(obj)
+            if self.kueue_seen.get((kind, name)) != encoded:
+                type_ = "MODIFIED" if (kind, name) in self.kueue_seen else "ADDED"
+                self.kueue_seen[(kind, name)] = encoded
+                obj["metadata"]["resourceVersion"] = str(next(self.version))
+                self._emit(kind, type_, obj)
+        for kind, name in [k for k in self.kueue_seen if k not in current]:
+            del self.kueue_seen[(kind, name)]
+            self._emit(kind, "DELETED", {"metadata": {"name": name, "namespace": self.namespace}})
+
+    @property
+    def namespace(self) -> str:
+        return next((key[0] for key in self.jobs), "team-a")
+
+    def _workload(self, name: str) -> dict:
+        found = copy.deepcopy(self.kueue["workloads"][name])
+        meta = found.setdefault("metadata", {"name": name})
+        meta.setdefault("namespace", self.namespace)
+        meta.setdefault("uid", f"workload-{name}")
+        meta["annotations"] = {kueue.GROUP_WORKLOAD_ANNOTATION: "true"}
+        if "ownerReferences" not in meta:
+            group = [p for p in self.pods.values() if p["metadata"]["labels"].get(kueue.GROUP_LABEL) == name]
+            meta["ownerReferences"] = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in group]
+        return found
 
     def _bump(self, obj: dict) -> None:
         obj["metadata"]["resourceVersion"] = str(next(self.version))
@@ -110,9 +155,38 @@ class FakeApi:
         source = self.pods.values() if resource == "pods" else self.jobs.values()
         return [copy.deepcopy(o) for o in source]
 
-    def pages(self, resource: str, namespace: str, label_selector: str = ""):
+    def pages(self, resource: str, namespace: str, label_selector: str = "", api_version: str = ""):
         self.calls.append(f"list {resource}")
-        yield [copy.deepcopy(p) for p in self.pods.values()], next(self.version)
+        source = self.pods.values() if resource == "pods" else self.jobs.values()
+        yield [copy.deepcopy(o) for o in source], next(self.version)
+
+    def workload_pages(self, namespace: str):
+        self.calls.append("list workloads")
+        if self.kueue is not None:
+            yield [self._workload(name) for name in self.kueue["workloads"]], next(self.version)
+
+    def local_queue_pages(self, namespace: str):
+        self.calls.append("list localqueues")
+        if self.kueue is not None:
+            queues = self.kueue["queues"].items()
+            yield (
+                [
+                    {"metadata": {"name": n, "namespace": self.namespace}, "spec": {"clusterQueue": q}}
+                    for n, q in queues
+                ],
+                1,
+            )
+
+    def pending_workloads(self, path: str, offset: int, limit: int) -> list[dict]:
+        self.calls.append(f"get {path}/pendingworkloads")
+        pending = (self.kueue or {}).get("pending")
+        if pending is None:
+            raise NotServed(404, "the server could not find the requested resource")
+        names = pending.get(path.rpartition("/")[2], [])
+        return [
+            {"metadata": {"name": n, "namespace": self.namespace}, "positionInClusterQueue": offset + i}
+            for i, n in enumerate(names[offset : offset + limit])
+        ]
 
     def dry_run(self, objects, owner_uid: str):
         refusals = []
@@ -220,16 +294,6 @@ class FakeApi:
         if self.kueue is None:
             return False, None
         return True, self.kueue["queues"].get(name)
-
-    def workload(self, namespace: str, name: str) -> dict | None:
-        """The group's Workload; unless the test froze its owners, owned by every pod of the group, as Kueue's
-        controller makes it (EnsureWorkloadOwnedByAllMembers) moments after a pod appears."""
-        self.calls.append("get Workload")
-        found = copy.deepcopy((self.kueue or {}).get("workloads", {}).get(name))
-        if found is not None and "ownerReferences" not in found["metadata"]:
-            group = [p for p in self.pods.values() if p["metadata"]["labels"].get(kueue.GROUP_LABEL) == name]
-            found["metadata"]["ownerReferences"] = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in group]
-        return found
 
     def node_lost(self, name: str) -> bool:
         self.calls.append("get Node")

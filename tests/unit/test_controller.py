@@ -9,6 +9,7 @@ from kubetf import sigterm
 from kubetf.config import OperatorConfig
 from kubetf.controller import NORMAL, RESYNC, URGENT, Controller
 from kubetf.kube import Kube, NotLeader
+from tests.cluster.fixture import wait_for
 
 from .fake_api import FakeApi
 from .jobs import job, replica
@@ -148,25 +149,28 @@ def test_a_refused_create_keeps_what_was_created_and_backs_off_per_job():
     assert shell.status()["restarts"] == {"failures": 0, "disruptions": 0, "total": 0}
 
 
-def test_a_resync_rereads_the_api_and_acts_on_a_deletion_the_watch_missed():
+def test_the_periodic_refresh_relists_and_acts_on_a_deletion_the_watch_missed():
     shell = Shell(mwms())
     shell.running()
     shell.api.pods.pop("mnist-worker-0")  # deleted during a watch gap: no event ever comes
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 0  # the cache cannot know
-    shell.controller.reconcile(shell.key, RESYNC)
+    shell.queued()
+    shell.controller.refresh()
+    assert shell.queued() == [(shell.key, URGENT)]
+    shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 1
     assert shell.status()["phase"] == "Restarting"
 
 
-def test_a_deadline_timer_adds_to_the_safety_resync_instead_of_replacing_it():
+def test_no_job_is_polled_on_its_own_only_its_exact_timers_are_set():
+    """The safety net is one paged re-list of everything every resync_seconds (Controller.refresh), not a re-read
+    per job: 5,000 queued jobs would cost 17 calls a second at one re-read each per 10 minutes."""
     document = mwms()
     document["spec"]["runPolicy"] = {"activeDeadlineSeconds": 86400, "startupTimeoutSeconds": 2 * 86400}
     shell = Shell(document)
     shell.controller.reconcile(shell.key)
-    due = shell.controller.queue.due
-    assert due[(shell.key, NORMAL)] == T0 + 86400
-    assert T0 + 480 <= due[(shell.key, RESYNC)] <= T0 + 720
+    assert dict(shell.controller.queue.due) == {(shell.key, NORMAL): T0 + 86400}
 
 
 def test_a_primed_operator_sees_every_pod_before_it_reconciles():
@@ -221,29 +225,29 @@ def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for()
     assert shell.controller.expectations.waiting_until(shell.key) is None
 
 
-def test_an_audit_after_the_start_acts_on_a_deletion_no_watch_showed():
+def test_the_refresh_after_the_start_acts_on_a_deletion_no_watch_showed():
     shell = Shell(mwms()).running()
     shell.queued()
     shell.api.pods.pop("mnist-worker-0")  # between the priming list and the watch's own: no event ever comes
-    shell.controller.audit()
+    shell.controller.refresh()
     assert shell.queued() == [(shell.key, URGENT)]
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 1
 
 
-def test_an_audit_after_the_start_acts_on_a_failure_no_watch_showed():
+def test_the_refresh_after_the_start_acts_on_a_failure_no_watch_showed():
     shell = Shell(mwms()).running()
     shell.queued()
     failed = shell.api.pods["mnist-worker-0"]
     failed["status"] = {"phase": "Failed"}
     shell.api._bump(failed)  # changed while no watch ran: no event
-    shell.controller.audit()
+    shell.controller.refresh()
     assert shell.queued() == [(shell.key, URGENT)]
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["failures"] == 1
 
 
-def test_a_relist_after_the_start_audits_so_a_deletion_it_cannot_show_is_acted_on():
+def test_a_relist_after_the_start_refreshes_so_a_deletion_it_cannot_show_is_acted_on():
     shell = Shell(mwms()).running()
     shell.queued()
     shell.controller.audit_on_list = True  # the audit after the start is done
@@ -382,3 +386,48 @@ def test_a_member_marked_for_eviction_is_sent_sigterm_first_and_the_rest_wait_fo
     shell.now = T0 + 2
     shell.controller.reconcile(shell.key)
     assert _deletions(shell) == ["delete Pod", "delete Pod grace 1", "delete Pod grace 1"]
+
+
+def test_a_decision_refused_for_want_of_the_lease_runs_again_once_it_is_held_from_a_fresh_read():
+    shell = Shell(mwms())
+    shell.running()
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    shell.controller.leadership(False)  # the election lost the lease: writes are refused
+    leading = {"now": False}
+    original = shell.api.patch_job_status
+
+    def patch_without_the_lease(*args):
+        if not leading["now"]:
+            raise NotLeader("patch trainingjobs/status: this operator does not hold the leader lease")
+        return original(*args)
+
+    shell.api.patch_job_status = patch_without_the_lease
+    shell.controller.queue.add(shell.key, URGENT)
+    shell.controller.start()
+    try:
+        wait_for(lambda: shell.key in shell.controller.refused, 5, "the refused decision kept")
+        assert shell.controller.queue.due.get((shell.key, URGENT)) is None  # no spinning while not the leader
+        shell.api.pods.pop("mnist-worker-0")  # deleted meanwhile, and the watch missed it
+        leading["now"] = True
+        shell.controller.leadership(True)
+        wait_for(lambda: shell.status().get("restarts", {}).get("total") == 1, 5, "the restart decided")
+    finally:
+        shell.controller.stop()
+    restarts = shell.status()["restarts"]
+    assert (restarts["failures"], restarts["disruptions"]) == (0, 1), restarts  # the fresh read saw the deletion
+    assert shell.controller.refused == {}
+
+
+def test_namespace_patterns_list_everything_and_keep_only_what_they_match():
+    config = OperatorConfig(namespaces=("it-gw0-*", "team-a"))
+    assert config.list_scopes() == ("",)
+    assert [config.serves(n) for n in ("it-gw0-1f2e", "team-a", "it-gw1-1f2e", "team-ab")] == [True, True, False, False]
+    assert OperatorConfig(namespaces=("a", "b")).list_scopes() == ("a", "b")
+    assert OperatorConfig().list_scopes() == ("",) and OperatorConfig().serves("anything")
+    shell = Shell(mwms(), namespaces=("it-*",))  # the job is in namespace team-a: not served
+    restarted = Controller(shell.api, shell.controller.config, clock=lambda: shell.now)
+    restarted.prime()
+    assert restarted.store.job_count() == 0
