@@ -24,7 +24,7 @@ KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
 .PHONY: help venv tools lint manifests test test-unit test-trainer test-cluster cluster cluster-down images install \
-	demo demo-kueue bench bench-scale bench-compare bench-kueue
+	demo demo-kueue bench bench-scale bench-compare bench-kueue bench-kueue-scale
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -117,6 +117,9 @@ bench-scale: venv ## scale benchmark on kwok's fake nodes (default 2,000 jobs; A
 
 bench-kueue: venv tools ## with and without Kueue: apply -> pods Running, and Kueue's preemption (real pods)
 	$(PY) -m tests.bench.kueue_bench $(ARGS)
+
+bench-kueue-scale: venv tools ## Kueue on kwok: 5,000 queued jobs' API cost, 1,000 admitted, a 100-job priority chain
+	$(PY) -m tests.bench.kueue_scale $(ARGS)
 
 bench-compare: venv tools ## kubetf vs Kubeflow's training-operator vs the raw API server (ARGS="--foreign-pods 5000")
 	$(PY) -m tests.bench.compare $(ARGS)

@@ -133,6 +133,11 @@ class Process:
     def api_calls(self) -> Counter | None:
         """kubetf_api_requests_total by (verb, resource), leader election's lease renewals left out (they are the
         same with or without jobs); None when the operator has no such counter."""
+        calls = self.all_api_calls()
+        return None if calls is None else Counter({k: v for k, v in calls.items() if k[1] != "leases"})
+
+    def all_api_calls(self) -> Counter | None:
+        """kubetf_api_requests_total by (verb, resource); None when the operator has no such counter."""
         try:
             url = f"http://127.0.0.1:{self.operator.metrics_port}/metrics"
             with urllib.request.urlopen(url, timeout=5) as response:
@@ -145,7 +150,7 @@ class Process:
                     {
                         (s.labels.get("verb", "?"), s.labels.get("resource", "?")): s.value
                         for s in family.samples
-                        if s.name.endswith("_total") and s.labels.get("resource") != "leases"
+                        if s.name.endswith("_total")
                     }
                 )
         return None

@@ -116,6 +116,25 @@ def test_pod_that_tolerates_the_taint_runs_on_a_fake_node_and_exits_when_asked(c
     assert terminated.exit_code == 0 and terminated.reason == "Completed"
 
 
+def test_a_deleted_pod_stops_and_keeps_its_finalizers_as_with_a_kubelet(core, ns, fake_nodes):
+    """A kubelet stops a deleted pod's containers and leaves the object to the owners of its finalizers (Kueue's,
+    on a pod group's pods, keeps the group's Workload alive): kwok must not remove them."""
+    finalizer = "kubetf.io/test-holds"
+    core.create_namespaced_pod(ns, fake_pod("held", finalizers=[finalizer]))
+    wait_for(lambda: _phase(core, ns, "held", "Running"), 60, "pod held to be Running on a fake node")
+    core.delete_namespaced_pod("held", ns)
+    pod = wait_for(lambda: _phase(core, ns, "held", "Failed"), 30, "the deleted pod to stop (Failed)")
+    assert pod.status.container_statuses[0].state.terminated.exit_code == 143
+    assert pod.metadata.finalizers == [finalizer] and pod.metadata.deletion_timestamp
+    # Watched for a while: kwok (pod-delete) deletes it again, and the finalizer keeps it.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert (_pod(core, ns, "held") or pytest.fail("gone with its finalizer")).metadata.finalizers == [finalizer]
+        time.sleep(0.2)
+    core.patch_namespaced_pod("held", ns, {"metadata": {"finalizers": None}})
+    wait_for(lambda: _pod(core, ns, "held") is None, 30, "the pod gone once its finalizer was removed")
+
+
 def test_real_node_still_runs_real_pods(core, ns, fake_nodes):
     pod, logs = run_pod(core, ns, "real", "print('a real container')")
     assert_succeeded(pod, logs)

@@ -268,14 +268,21 @@ class Cluster:
         return items
 
 
+# Short lease timings (the operator's flags): a killed or stalled leader is replaced in about 3 s, not 8.
+LEASE_FLAGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
+
+
 class Operator:
     """`kubetf operator` as a real process, as it runs in a cluster, against the test cluster's kubeconfig. It takes
     part in the leader election on the default Lease, as an operator started on a laptop would."""
 
-    def __init__(self, kubeconfig: str, log_path: Path, metrics_port: int = 0) -> None:
+    def __init__(
+        self, kubeconfig: str, log_path: Path, metrics_port: int = 0, flags: tuple[str, ...] = LEASE_FLAGS
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.metrics_port = metrics_port  # 0: /metrics off
+        self.flags = flags  # () for the operator's defaults, as installed
         self.process: subprocess.Popen | None = None
         self.port = 0
 
@@ -311,6 +318,7 @@ class Operator:
                 str(self.metrics_port),
                 "--log-format",
                 "plain",
+                *self.flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -8,8 +8,14 @@ of the pods is deleted, and a list never shows a deletion.
 """
 
 import time
+import uuid
 
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kubetf import kueue
+from tests.cluster.fixture import wait_for
 
 from .conftest import ApiPath, Operator, mwms_spec, ps_spec, restart_apiserver
 
@@ -28,17 +34,43 @@ def uids(pods):
 
 
 def test_api_server_restarted_the_operator_resumes_at_once_and_acts_on_pods_that_ended_meanwhile(
-    cluster, operator, namespace, tmp_path
+    kube_cluster, cluster, operator, namespace, tmp_path
 ):
     path = ApiPath(cluster.kubeconfig, tmp_path)
     operator.stop()  # the tier's operator gives the lease up: this one reaches the API server through `path`
     behind = Operator(path.kubeconfig, tmp_path / "operator.log")
     try:
-        behind.start()
-        check(cluster, namespace, path, behind)
+        with kube_cluster.kueue():  # Kueue loses its lease too, and its aggregated visibility API must come back
+            behind.start()
+            check(cluster, namespace, path, behind)
+            the_cluster_recovered(cluster)
     finally:
         behind.stop()
         operator.start()
+
+
+def the_cluster_recovered(cluster):
+    """After the restart Kueue's visibility API is served again, and so a namespace can be deleted (the namespace
+    controller needs every aggregated API's discovery)."""
+    registration = client.ApiregistrationV1Api(cluster.api_client)
+
+    def visibility_available() -> bool:
+        service = registration.read_api_service(f"{kueue.VISIBILITY_VERSION}.{kueue.VISIBILITY_GROUP}")
+        return any(c.type == "Available" and c.status == "True" for c in service.status.conditions or [])
+
+    wait_for(visibility_available, 60, "Kueue's visibility APIService Available again")
+    name = f"it-deleted-{uuid.uuid4().hex[:6]}"
+    cluster.core.create_namespace({"metadata": {"name": name}})
+    cluster.core.delete_namespace(name)
+
+    def gone() -> bool:
+        try:
+            cluster.core.read_namespace(name)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(gone, 60, f"namespace {name} deleted")
 
 
 def check(cluster, namespace, path, behind):
