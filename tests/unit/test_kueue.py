@@ -476,3 +476,19 @@ def test_an_operator_restarted_among_queued_and_admitted_jobs_writes_nothing():
         sim.controller.reconcile(sim.key)
         assert sim.api.calls.count("patch status") == writes, sim.status
         assert sim.status == before
+
+
+def test_a_released_pod_is_deleted_at_once_rather_than_waiting_for_its_kubelet():
+    """Its containers are gone (Failed): the kubelet's own confirmation would hold the name most of a second longer."""
+    from kubetf.kube import Kube
+
+    kube = Kube(qps=100, burst=100, may_write=lambda: True)
+    calls = []
+    kube._patch_pod = lambda pod, patch: calls.append(("patch", [op["op"] for op in patch]))
+    kube.delete_pod = lambda pod, grace_seconds=None: calls.append(("delete", grace_seconds)) or True
+    held = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "finalizers": [kueue.FINALIZER]},
+        "status": {"phase": "Failed"},
+    }
+    kube.release_pods([held])
+    assert calls == [("patch", ["test", "test", "remove"]), ("delete", 0)]
