@@ -131,6 +131,7 @@ class Store:
         # job -> pod name -> (resourceVersion, slim JSON, signature, uid)
         self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...], str]]] = {}
         self.tombstones: OrderedDict[str, float] = OrderedDict()  # uid of a deleted object -> when
+        self.cached_pods = 0  # kept as pods come and go: counting them would cost a pass over every job
         # Kueue (kubetf.kueue): LocalQueue -> its ClusterQueue; the groups' Workloads (slim JSON without their
         # resourceVersion, so an update that changes nothing read compares equal); which job a group and a queue
         # label belong to, so that a Workload's or a LocalQueue's event finds its jobs without parsing every job.
@@ -228,6 +229,7 @@ class Store:
             if current is not None and version and current[0] >= version:
                 return False
             pods[name] = (version, _encode(slim), signature, slim["metadata"].get("uid", ""))
+            self.cached_pods += current is None
             return current is None or current[2] != signature
 
     def remove_pod(self, job: Key, name: str, uid: str) -> bool:
@@ -236,6 +238,7 @@ class Store:
             pods = self.pods.get(job)
             if pods is None or pods.pop(name, None) is None:
                 return False
+            self.cached_pods -= 1
             if not pods:
                 del self.pods[job]
             return True
@@ -261,6 +264,7 @@ class Store:
             gone = [name for name, entry in pods.items() if name not in listed and entry[0] <= list_version]
             for name in gone:
                 del pods[name]
+            self.cached_pods -= len(gone)
             if not pods:
                 self.pods.pop(job, None)
         return bool(gone)
@@ -277,7 +281,7 @@ class Store:
 
     def pod_count(self) -> int:
         with self.lock:
-            return sum(len(p) for p in self.pods.values())
+            return self.cached_pods
 
     # ------------------------------------------------------------------ Kueue
 

@@ -45,6 +45,7 @@ class Controller:
     def __init__(self, kube: Kube, config: OperatorConfig, clock: Callable[[], float] = time.time) -> None:
         self.kube, self.config, self.clock = kube, config, clock
         self.store = Store()
+        metrics.CACHED_PODS.set_function(lambda: self.store.cached_pods)
         self.queue: WorkQueue[Key] = WorkQueue(config.error_backoff_first, config.error_backoff_cap, clock)
         self.expectations: Expectations[Key] = Expectations(config.expectations_timeout, clock)
         self.deferred: dict[Key, int] = {}  # jobs that waited for expectations: reconcile once they are met
@@ -69,9 +70,9 @@ class Controller:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def run(self) -> None:
-        """Prime the cache, start the workers, then re-list everything once the watches run and every
-        `resync_seconds` after that (call on a thread)."""
+    def run(self, serving: threading.Event | None = None) -> None:
+        """Prime the cache, start the workers (then `serving` is set), then re-list everything once the watches run
+        and every `resync_seconds` after that (call on a thread)."""
         delay = 1.0
         while True:
             try:
@@ -82,6 +83,8 @@ class Controller:
                 time.sleep(delay)
                 delay = min(2 * delay, 30.0)
         self.start()
+        if serving is not None:
+            serving.set()
         threading.Thread(target=self._resync_loop, name="kubetf-resync", daemon=True).start()
 
     def _resync_loop(self) -> None:
@@ -127,6 +130,7 @@ class Controller:
         """Fill the cache with paged lists of jobs, the operator's pods and Kueue's LocalQueues and Workloads before
         any reconcile, so that no job is ever judged on a partial view (a restarted operator would see its pods
         'vanished', a queued job's Workload missing and its admission lost)."""
+        started = time.monotonic()
         scopes, serves = self.config.list_scopes(), self._serves
         for job in self.kube.list_paged(api.PLURAL, scopes):
             if serves(job):
@@ -146,7 +150,8 @@ class Controller:
         for key in self.store.pod_jobs():  # pods of a job deleted while no operator ran: Kueue's finalizer
             if self.store.job(key) is None:
                 self.queue.add(key, NORMAL)
-        log.info("cache primed: %d jobs, %d pods", self.store.job_count(), self.store.pod_count())
+        log.info("cache primed in %.1fs: %d jobs, %d pods", time.monotonic() - started, self.store.job_count(),
+                 self.store.pod_count())  # fmt: skip
 
     def refresh(self) -> None:
         """Compare the cache with fresh paged lists of the jobs, their pods and their groups' Workloads: what a

@@ -14,3 +14,4 @@ API_REQUESTS = Counter("kubetf_api_requests_total", "Kubernetes API requests sen
 QUEUE_DEPTH = Gauge("kubetf_workqueue_depth", "Jobs waiting for a reconcile")
 LEADER = Gauge("kubetf_leader", "1 while this operator holds the leader lease")
 API_ERRORS = Counter("kubetf_api_errors_total", "Kubernetes API errors", ["verb", "resource", "code"])
+CACHED_PODS = Gauge("kubetf_cached_pods", "Pods in the operator's cache: its own (the watch is filtered server-side)")

@@ -37,11 +37,12 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
     if config.leader_election:
         lease_client = Kube(qps=5, burst=10, timeout=(2, config.renew_deadline), instance=config.identity)
         elector = LeaderElector(lease_client, config)
+    serving = threading.Event()  # set once the leader's cache is primed and its workers run
     if liveness_port:
         _serve_health(
             liveness_port,
             lambda: elector is None or elector.alive(),
-            lambda: "leader" if elector is None or elector.is_leader() else "standby",
+            lambda: _role(elector, serving),
         )
     where = ", ".join(config.namespaces) or "all namespaces"
     if elector is not None:
@@ -55,7 +56,7 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
     controller = Controller(kube, config)
     if elector is not None:
         elector.on_change = controller.leadership
-    threading.Thread(target=controller.run, name="kubetf-start", daemon=True).start()
+    threading.Thread(target=controller.run, args=(serving,), name="kubetf-start", daemon=True).start()
     try:
         kopf.run(
             registry=handlers.registry(controller),
@@ -69,6 +70,13 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs
         if elector is not None:
             elector.stop(release=True)
     return 0
+
+
+def _role(elector: LeaderElector | None, serving: threading.Event) -> str:
+    """What /healthz says: standby, starting (the lease held, the cache being primed) or leader (acting)."""
+    if elector is not None and not elector.is_leader():
+        return "standby"
+    return "leader" if serving.is_set() else "starting"
 
 
 def _wait_for_leadership(elector: LeaderElector) -> bool:

@@ -92,3 +92,17 @@ def test_a_deleted_pod_never_comes_back_from_a_list_taken_before_its_deletion():
     assert not store.put_pod(KEY, pod(version=5))  # ... then the older list is stored: ignored
     store.replace_pods(KEY, [pod(version=5)], list_version=6)
     assert store.job_pods(KEY) == []
+
+
+def test_the_cached_pod_count_follows_puts_removals_and_prunes():
+    store = Store()
+    key = ("team-a", "mnist")
+    for i in range(3):
+        store.put_pod(key, {"metadata": {"name": f"p{i}", "uid": f"u{i}", "resourceVersion": "5"}})
+    store.put_pod(key, {"metadata": {"name": "p0", "uid": "u0", "resourceVersion": "6"}})  # an update, not a pod
+    assert store.pod_count() == 3
+    store.remove_pod(key, "p1", "u1")
+    store.remove_pod(key, "p1", "u1")  # a second DELETED changes nothing
+    assert store.pod_count() == 2
+    store.prune_pods(key, {"p0"}, 10)
+    assert store.pod_count() == 1 == sum(len(p) for p in store.pods.values())
