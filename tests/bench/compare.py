@@ -55,7 +55,7 @@ from tests.bench.common import (
     settle,
 )
 from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import Cluster, Operator, pod_template, replica
+from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, pod_template, replica
 
 KUBETF_SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1), "worker": replica(4)}}
 CREATE_TIMEOUT = 900  # Kubeflow at 20 QPS takes minutes for a burst of 200
@@ -241,7 +241,7 @@ class Bench:
 
     # --- the contenders
     def kubetf_operator(self) -> Operator:
-        operator = Operator(self.kubeconfig, self.logs / "kubetf-operator.log")
+        operator = Operator(self.kubeconfig, self.logs / "kubetf-operator.log", flags=AS_INSTALLED)
         operator.start()
         return operator
 

@@ -57,7 +57,7 @@ from kubetf import api
 from tests.bench.operator_bench import percentile, rss_mib
 from tests.cluster import kwok
 from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import Cluster, Operator, _installed_operators, pod_template, replica
+from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, _installed_operators, pod_template, replica
 
 PODS_PER_JOB = 5
 PODS_PER_FAKE_NODE = 1000
@@ -108,7 +108,7 @@ class Process:
     """The operator under test: Operator with /metrics on, restartable, with its CPU and API counters."""
 
     def __init__(self, kubeconfig: str, workdir: Path) -> None:
-        self.operator = Operator(kubeconfig, workdir / "operator.log", metrics_port=free_port())
+        self.operator = Operator(kubeconfig, workdir / "operator.log", metrics_port=free_port(), flags=AS_INSTALLED)
 
     @property
     def pid(self) -> int:

@@ -1,4 +1,4 @@
-"""Real TensorFlow jobs on a Kueue-managed cluster: the node's 2 (fake) GPUs are a ClusterQueue's whole quota, and
+"""Real TensorFlow jobs on a Kueue-managed cluster: each test's ClusterQueue has 2 of the node's (fake) GPUs, and
 Kueue decides which job runs. The operator runs in the cluster, installed by the chart (its RBAC included)."""
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ from .conftest import elapsed, progress, sample, wait_epoch
 
 
 @pytest.fixture(scope="module")
-def kueue_installed(kube_cluster, installed):
-    with kube_cluster.kueue():
-        make_flavor(installed)
-        priority_classes(installed, **{"kubetf-e2e-low": 100, "kubetf-e2e-high": 1000})
-        yield
+def kueue_installed(kueue, installed):
+    make_flavor(installed)
+    priority_classes(installed, **{"kubetf-e2e-low": 100, "kubetf-e2e-high": 1000})
 
 
 @pytest.fixture
@@ -270,7 +268,9 @@ class PodTimes:
         self.complete: dict[tuple[str, str], float] = {}  # (job, attempt) -> all 2 of its pods exist
         self.ungated: dict[tuple[str, str], float] = {}  # (job, attempt) -> Kueue admitted them
         self.pod_events: dict[str, list[tuple[float, str]]] = {}  # job -> (time, "pod: phase") as they changed
+        self.history: list[tuple[float, str]] = []  # every pod's and Workload's changes, for a failure's message
         self.seen: set[tuple[str, str]] = set()
+        self.started = time.monotonic()
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -287,6 +287,7 @@ class PodTimes:
                 events = self.pod_events.setdefault(labels.get(api.LABEL_JOB, ""), [])
                 if what not in [w for _, w in events]:
                     events.append((now, what))
+                    self.history.append((now, what))
                 by.setdefault((labels.get(api.LABEL_JOB, ""), labels.get(api.LABEL_ATTEMPT, "")), []).append(pod)
             for key in self.seen | set(by):
                 pods = by.get(key, [])
@@ -298,7 +299,20 @@ class PodTimes:
                         self.ungated.setdefault(key, now)
                 if all(p["status"].get("phase") in ("Failed", "Succeeded") for p in pods) and key in self.complete:
                     self.stopped.setdefault(key, now)
+            workloads = self.cluster.custom.list_namespaced_custom_object(
+                kueue.GROUP, kueue.VERSION, self.namespace, "workloads"
+            )["items"]
+            for workload in workloads:
+                conditions = " ".join(
+                    f"{c['type']}={c['status']}" for c in (workload.get("status") or {}).get("conditions") or []
+                )
+                what = f"Workload {workload['metadata']['name'].rsplit('-', 1)[0]}: {conditions}"
+                if not any(w == what for _, w in self.history):
+                    self.history.append((now, what))
             time.sleep(0.05)
+
+    def timeline(self) -> str:
+        return "\n".join(f"  {t - self.started:7.2f}s {what}" for t, what in sorted(self.history))
 
     def stop(self) -> None:
         self.halt.set()
@@ -325,8 +339,9 @@ def test_a_preemption_chain_readmits_by_priority_and_counts_one_disruption_each(
     finally:
         times.stop()
     for status, job in ((low, "low"), (mid, "mid")):
-        assert (status["restarts"]["disruptions"], status["restarts"]["failures"]) == (1, 0), (job, status["restarts"])
-    assert times.ungated[("mid", "1")] < times.ungated[("low", "1")], "low was admitted again before mid"
+        restarts = status["restarts"]
+        assert (restarts["disruptions"], restarts["failures"]) == (1, 0), f"{job}: {restarts}\n{times.timeline()}"
+    assert times.ungated[("mid", "1")] < times.ungated[("low", "1")], f"low admitted before mid\n{times.timeline()}"
     for job in ("low", "mid"):
         gap = times.complete[(job, "1")] - times.stopped[(job, "0")]
         start = times.stopped[(job, "0")]

@@ -16,7 +16,7 @@ from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
 from tests.integration.conftest import pod_template
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("fake-nodes")]  # kwok-node-3 is stopped and started
 
 NODES = 5  # a 1+3 job spread one pod per node, and room for the new group once one node is lost
 # The bound on "lost node to job Running again" (MWMS): the node controller's grace period before NotReady (50 s),

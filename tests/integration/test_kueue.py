@@ -18,10 +18,8 @@ from .conftest import mwms_spec, ps_spec, replica
 
 
 @pytest.fixture(scope="module")
-def kueue_installed(kube_cluster, cluster):
-    with kube_cluster.kueue():
-        make_flavor(cluster)
-        yield
+def kueue_installed(kueue, cluster):
+    make_flavor(cluster)
 
 
 @pytest.fixture

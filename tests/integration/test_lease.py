@@ -16,7 +16,7 @@ from kubernetes import client
 from kubetf import config
 from tests.cluster.fixture import wait_for
 
-from .conftest import ps_spec
+from .conftest import LEASE_NAME, ps_spec
 
 # How many times the whole sequence runs: once in `make test`; KUBETF_LEASE_RUNS=20 for the proof of no flake.
 RUNS = int(os.environ.get("KUBETF_LEASE_RUNS", "1"))
@@ -33,7 +33,7 @@ class Thief:
 
     def __init__(self, cluster) -> None:
         self.api = client.CoordinationV1Api(cluster.api_client)
-        self.namespace, self.name = config.DEFAULT_LEASE_NAMESPACE, config.DEFAULTS.lease_name
+        self.namespace, self.name = config.DEFAULT_LEASE_NAMESPACE, LEASE_NAME
 
     def renew(self) -> None:
         lease = self.api.read_namespaced_lease(self.name, self.namespace)

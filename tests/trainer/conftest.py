@@ -25,6 +25,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.trainer)
+            # One TensorFlow job at a time (they use both cores), beside the API-bound integration tests (xdist).
+            item.add_marker(pytest.mark.xdist_group("tensorflow-local"))
 
 
 def child_env(**extra: str) -> dict[str, str]:
