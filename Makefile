@@ -29,10 +29,11 @@ HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
+# uv installs from its cache (~/.cache/kubetf/uv) in seconds where pip took over a minute (TensorFlow's wheels).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,trainer]'
+	$(PY) -m pip install -q uv
+	UV_CACHE_DIR=$(HOME)/.cache/kubetf/uv $(VENV)/bin/uv pip install -q --python $(PY) -e '.[dev,trainer]'
 	touch $@
 
 venv: $(VENV)/.installed ## .venv with the project, the dev tools and TensorFlow
