@@ -41,8 +41,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api as kapi
-from kubetf import builders
+from kubetf.core import api as kapi
+from kubetf.core import builders
 from tests.bench import kubeflow
 from tests.bench.common import (
     ChildWatch,

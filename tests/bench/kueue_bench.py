@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from kubetf import kueue
+from kubetf.core import kueue
 from tests.bench.common import percentile
 from tests.cluster.fixture import ensure_cluster, wait_for
 from tests.cluster.queues import Queue, make_flavor, priority_classes

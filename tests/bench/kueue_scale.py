@@ -39,8 +39,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api, kueue
-from kubetf import status as st
+from kubetf.core import api, kueue
+from kubetf.core import status as st
 from tests.bench.scale import (
     PODS_PER_FAKE_NODE,
     Process,

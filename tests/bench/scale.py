@@ -53,7 +53,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetf import api
+from kubetf.core import api
 from tests.bench.operator_bench import percentile, rss_mib
 from tests.cluster import kwok
 from tests.cluster.fixture import ensure_cluster

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import jobctl
+from kubetf.cli import jobctl
 from tests.cluster.fixture import wait_for
 from tests.cluster.session import once
 from tests.integration.conftest import Cluster

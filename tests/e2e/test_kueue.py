@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from kubetf import api, kueue
-from kubetf import status as st
+from kubetf.core import api, kueue
+from kubetf.core import status as st
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kubetf import api
+from kubetf.core import api
 from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
 from tests.integration.conftest import pod_template

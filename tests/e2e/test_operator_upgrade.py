@@ -7,7 +7,7 @@ import time
 import pytest
 from kubernetes import client
 
-from kubetf import api
+from kubetf.core import api
 from tests.cluster.fixture import wait_for
 from tests.integration.conftest import replica
 

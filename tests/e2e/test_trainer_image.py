@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from kubetf.jobctl import progress_line
+from kubetf.cli.jobctl import progress_line
 
 IMAGE = "kubetf/trainer:0.1.0"
 

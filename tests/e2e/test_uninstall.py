@@ -4,7 +4,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
+from kubetf.core import api
 from tests.cluster.fixture import wait_for
 from tests.integration.conftest import replica
 

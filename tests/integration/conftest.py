@@ -26,7 +26,7 @@ from kubernetes import client, watch
 from kubernetes import config as kubeconfig
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api, config
+from kubetf.core import api, config
 from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
 from tests.cluster.session import once, undo_at_end

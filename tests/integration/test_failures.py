@@ -9,8 +9,8 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
-from kubetf import status as st
+from kubetf.core import api
+from kubetf.core import status as st
 from tests.cluster.fixture import wait_for
 
 from .conftest import mwms_spec

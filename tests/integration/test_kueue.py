@@ -10,7 +10,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import kueue
+from kubetf.core import kueue
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
 

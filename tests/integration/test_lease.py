@@ -13,7 +13,7 @@ import time
 import pytest
 from kubernetes import client
 
-from kubetf import config
+from kubetf.core import config
 from tests.cluster.fixture import wait_for
 
 from .conftest import LEASE_NAME, ps_spec

@@ -6,7 +6,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
+from kubetf.core import api
 from tests.cluster.fixture import wait_for
 
 from .conftest import mwms_spec, replica

@@ -24,7 +24,7 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
+from kubetf.core import api
 
 from .conftest import TEST_FLAGS, Cluster, Operator, mwms_spec, ps_spec
 

@@ -2,7 +2,7 @@
 
 import time
 
-from kubetf import api
+from kubetf.core import api
 from tests.cluster.fixture import wait_for
 
 from .conftest import Operator, replica

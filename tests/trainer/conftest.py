@@ -17,7 +17,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
 
-from kubetf.jobctl import progress_line  # noqa: E402
+from kubetf.cli.jobctl import progress_line  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -71,7 +71,7 @@ def make_job(
 
 
 class LocalRun:
-    """`python -m kubetf.local -f JOB --workdir W` with its output collected line by line."""
+    """`python -m kubetf.cli.local -f JOB --workdir W` with its output collected line by line."""
 
     def __init__(self, job: dict[str, Any], workdir: Path, *extra_args: str):
         self.workdir = workdir
@@ -84,7 +84,7 @@ class LocalRun:
             [
                 sys.executable,
                 "-m",
-                "kubetf.local",
+                "kubetf.cli.local",
                 "-f",
                 str(job_file),
                 "--workdir",

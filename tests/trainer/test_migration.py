@@ -10,7 +10,7 @@ import signal
 import pytest
 from conftest import make_job
 
-from kubetf.convert import convert
+from kubetf.core.convert import convert
 
 
 def tf1_records(lines: list[str], label: str, kind: str) -> list[dict]:

@@ -10,9 +10,9 @@ import copy
 import itertools
 from typing import Any
 
-from kubetf import api, kueue, reconcile
-from kubetf import status as st
-from kubetf.kube import Creation, LogUnreadable, NotServed, Refused
+from kubetf.cluster.kube import Creation, LogUnreadable, NotServed, Refused
+from kubetf.core import api, kueue, reconcile
+from kubetf.core import status as st
 
 
 class FakeApi:

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from kubetf import policy
-from kubetf import status as st
-from kubetf.cache import Store, slim_pod
+from kubetf.cluster.cache import Store, slim_pod
+from kubetf.core import policy
+from kubetf.core import status as st
 
 pytestmark = pytest.mark.unit
 

@@ -5,10 +5,10 @@ import time
 
 import pytest
 
-from kubetf import sigterm
-from kubetf.config import OperatorConfig
-from kubetf.controller import NORMAL, RESYNC, URGENT, Controller
-from kubetf.kube import Kube, NotLeader
+from kubetf.cluster.kube import Kube, NotLeader
+from kubetf.core import sigterm
+from kubetf.core.config import OperatorConfig
+from kubetf.runtime.controller import NORMAL, RESYNC, URGENT, Controller
 from tests.cluster.fixture import wait_for
 
 from .fake_api import FakeApi
@@ -194,13 +194,15 @@ def test_writes_are_refused_without_the_lease_before_anything_is_sent():
 
 
 def test_config_defaults_are_stated_once():
-    from kubetf import cli
+    from kubetf.cli import main as cli
 
     parser = cli.build_parser()
     args = parser.parse_args(["operator"])
     defaults = OperatorConfig()
     assert (args.qps, args.burst, args.workers) == (defaults.qps, defaults.burst, defaults.workers)
-    assert dataclasses.replace(defaults, identity="x").with_runtime_defaults().identity == "x"
+    from kubetf.runtime.runner import where_it_runs
+
+    assert where_it_runs(dataclasses.replace(defaults, identity="x")).identity == "x"
 
 
 def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for():

@@ -6,8 +6,8 @@ import sys
 import pytest
 import yaml
 
-from kubetf import api, builders, policy
-from kubetf.convert import ConversionError, convert
+from kubetf.core import api, builders, policy
+from kubetf.core.convert import ConversionError, convert
 
 CLEAN_PS = "spec.runPolicy.cleanPodPolicy: not set, so Kubeflow (default None) left ps pods running after the job "
 CLEAN_PS += "ended; kubetf's default Running stops them (set cleanPodPolicy: None to keep them)"

@@ -5,9 +5,9 @@ import json
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import reconcile
-from kubetf.kube import Kube, Refused, refusal
-from kubetf.reconcile import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
+from kubetf.cluster.kube import Kube, Refused, refusal
+from kubetf.core import reconcile
+from kubetf.core.reconcile import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 from tests.cluster.fixture import wait_for
 
 from .jobs import job, replica

@@ -3,9 +3,9 @@ restart protocol that keeps (or gives back) the job's admission. The test plays 
 
 import pytest
 
-from kubetf import api, builders, kueue
-from kubetf import status as st
-from kubetf.cache import pod_signature, slim_pod
+from kubetf.cluster.cache import pod_signature, slim_pod
+from kubetf.core import api, builders, kueue
+from kubetf.core import status as st
 
 from .jobs import job, replica
 from .test_reconcile import Sim, mwms_job, ps_job
@@ -480,7 +480,7 @@ def test_an_operator_restarted_among_queued_and_admitted_jobs_writes_nothing():
 
 def test_a_released_pod_is_deleted_at_once_rather_than_waiting_for_its_kubelet():
     """Its containers are gone (Failed): the kubelet's own confirmation would hold the name most of a second longer."""
-    from kubetf.kube import Kube
+    from kubetf.cluster.kube import Kube
 
     kube = Kube(qps=100, burst=100, may_write=lambda: True)
     calls = []

@@ -1,13 +1,13 @@
-"""Queue positions from Kueue's visibility API (kubetf.positions): read per ClusterQueue, told to the jobs whose place
-changed, within a write budget that serves the front of the queue first."""
+"""Queue positions from Kueue's visibility API (kubetf.runtime.positions): read per ClusterQueue, told to the jobs
+whose place changed, within a write budget that serves the front of the queue first."""
 
 import pytest
 
-from kubetf import kueue
-from kubetf.cache import Store
-from kubetf.config import OperatorConfig
-from kubetf.kube import NotServed
-from kubetf.positions import QueuePositions
+from kubetf.cluster.cache import Store
+from kubetf.cluster.kube import NotServed
+from kubetf.core import kueue
+from kubetf.core.config import OperatorConfig
+from kubetf.runtime.positions import QueuePositions
 
 pytestmark = pytest.mark.unit
 

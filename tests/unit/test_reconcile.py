@@ -2,9 +2,9 @@
 
 import pytest
 
-from kubetf import status as st
-from kubetf.config import OperatorConfig
-from kubetf.controller import Controller
+from kubetf.core import status as st
+from kubetf.core.config import OperatorConfig
+from kubetf.runtime.controller import Controller
 
 from .fake_api import FakeApi
 from .jobs import job, replica

@@ -1,9 +1,9 @@
-"""Telling a program that ignores SIGTERM (TensorFlow swallowed it) from one that saves on it (`kubetf.sigterm`)."""
+"""Telling a program that ignores SIGTERM (TensorFlow swallowed it) from one that saves on it (`core.sigterm`)."""
 
 import pytest
 
-from kubetf import api, sigterm
-from kubetf import status as st
+from kubetf.core import api, sigterm
+from kubetf.core import status as st
 
 from .jobs import job, replica
 

@@ -1,11 +1,11 @@
-"""Time rules (kubetf.timers) on the real reconcile shell: what counts against a job, from when, and that nothing
+"""Time rules (kubetf.core.timers) on the real reconcile shell: what counts against a job, from when, and that nothing
 counts while it waits in a queue or is suspended. Each rule is run past its timeout, with the job queued, preempted
 or suspended meanwhile."""
 
 import pytest
 
-from kubetf import kueue, timers
-from kubetf import status as st
+from kubetf.core import kueue, timers
+from kubetf.core import status as st
 
 from .test_kueue import admit, kueue_preempts, kueue_sim, queued, run, terminate
 from .test_reconcile import T0, mwms_job, started

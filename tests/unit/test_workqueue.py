@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from kubetf.workqueue import Expectations, ShutDown, WorkQueue
+from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
 
 pytestmark = pytest.mark.unit
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kubetf import api
-from kubetf.api import Job
+from kubetf.core import api
+from kubetf.core.api import Job
 
 Pod = dict[str, Any]
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import metrics
-from kubetf.config import OperatorConfig
-from kubetf.kube import Kube
+from kubetf.cluster import metrics
+from kubetf.cluster.kube import Kube
+from kubetf.core.config import OperatorConfig
 
-log = logging.getLogger("kubetf.leader")
+log = logging.getLogger("kubetf.cluster.leader")
 
 
 def _micro_time(epoch: float) -> str:

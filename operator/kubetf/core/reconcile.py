@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetf import api, builders, kueue, policy, timers
-from kubetf import status as st
-from kubetf.api import Job
-from kubetf.policy import Outcome, Termination
-from kubetf.status import COMPLETED, CREATED, WAITING, Pod, TaskView
-from kubetf.timers import REFUSED_SINCE, Clock
+from kubetf.core import api, builders, kueue, policy, timers
+from kubetf.core import status as st
+from kubetf.core.api import Job
+from kubetf.core.policy import Outcome, Termination
+from kubetf.core.status import COMPLETED, CREATED, WAITING, Pod, TaskView
+from kubetf.core.timers import REFUSED_SINCE, Clock
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Plan:
     requeue_at: float | None = None
     delete_job: bool = False
     admission: kueue.Admission | None = None  # a queued job's admission by Kueue, as read before planning
-    # Kueue's pod groups (kubetf.kueue): pods whose Kueue finalizer is removed, pods marked not to be replaced.
+    # Kueue's pod groups (kubetf.core.kueue): pods whose Kueue finalizer is removed, pods marked not to be replaced.
     release: list[Pod] = field(default_factory=list)
     unretriable: list[Pod] = field(default_factory=list)
 
@@ -204,7 +204,7 @@ def _plan(
 
 
 def _account(status: dict[str, Any], views: dict[str, TaskView], admission: kueue.Admission | None, now: float) -> None:
-    """Open or close the job's active period (kubetf.timers): it is active unless it waits for Kueue's admission."""
+    """Open or close the job's active period (core.timers): it is active unless it waits for Kueue's admission."""
     if _waits_for_admission(views, admission):
         timers.account(status, Clock.QUEUED, now)
         if admission is not None and admission.position is not None:
@@ -391,7 +391,7 @@ def _deal_with_lost_nodes(result: Plan, pods: list[Pod], now: float, lost_nodes:
 
 
 def _kueue_bookkeeping(result: Plan, pods: list[Pod], lost_nodes: frozenset[str]) -> None:
-    """Kueue's side of the plan (see kubetf.kueue): a job that ends marks its pods not to be replaced, so Kueue
+    """Kueue's side of the plan (see kubetf.core.kueue): a job that ends marks its pods not to be replaced, so Kueue
     finishes its Workload and releases the quota; deleted pods that run nothing lose Kueue's finalizer, so their
     names are free for replacements and an ending job's pods are gone at once."""
     if not any(kueue.FINALIZER in ((p.get("metadata") or {}).get("finalizers") or []) for p in pods):
@@ -504,7 +504,7 @@ def _wake_when_waits_turn_into_warnings(
 def _startup_timeout(
     job: Job, views: dict[str, TaskView], status: dict[str, Any], now: float, result: Plan, transition: Any
 ) -> None:
-    """Fail the job when a pod could not start within startupTimeoutSeconds of the moment it may (kubetf.timers)."""
+    """Fail the job when a pod could not start within startupTimeoutSeconds of the moment it may (core.timers)."""
     for view in views.values():
         pod = view.pod
         if pod is None or st.is_deleting(pod) or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
@@ -530,7 +530,7 @@ def _startup_timeout(
 
 def _suspend(job: Job, pods: list[Pod], status: dict[str, Any], now: float, result: Plan, transition: Any) -> None:
     """Suspend deletes every pod and keeps the counters; tasks not finished start over on resume. The time it stays
-    suspended does not count (kubetf.timers)."""
+    suspended does not count (kubetf.core.timers)."""
     timers.account(status, Clock.STOPPED, now)
     views, _ = st.observe(job, pods)
     if status.get("phase") != st.SUSPENDED:

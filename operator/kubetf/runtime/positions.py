@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kubetf import api, kueue
-from kubetf.cache import Key, Store
-from kubetf.config import OperatorConfig
-from kubetf.kube import NotServed
+from kubetf.cluster.cache import Key, Store
+from kubetf.cluster.kube import NotServed
+from kubetf.core import api, kueue
+from kubetf.core.config import OperatorConfig
 
-log = logging.getLogger("kubetf.positions")
+log = logging.getLogger("kubetf.runtime.positions")
 
 PAGE = 1000  # the visibility API's own default and maximum page
 POSITIONS_UNAVAILABLE_SECONDS = 600.0

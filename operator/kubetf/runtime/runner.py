@@ -8,9 +8,13 @@ reconciles every job from a fresh read, the decisions its lost lease refused fir
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import signal
+import socket
 import threading
+import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -18,16 +22,30 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
-from kubetf import handlers
-from kubetf.config import OperatorConfig
-from kubetf.controller import Controller
-from kubetf.kube import Kube
-from kubetf.leader import LeaderElector
+from kubetf.cluster.kube import Kube
+from kubetf.cluster.leader import LeaderElector
+from kubetf.core.config import DEFAULT_LEASE_NAMESPACE, OperatorConfig
+from kubetf.runtime import handlers
+from kubetf.runtime.controller import Controller
 
 log = logging.getLogger("kubetf.operator")
 
 
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def where_it_runs(config: OperatorConfig) -> OperatorConfig:
+    """Fill what depends on where the operator runs: its identity and, in a pod, the lease's namespace."""
+    identity = config.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    namespace = config.lease_namespace
+    if namespace == DEFAULT_LEASE_NAMESPACE and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as handle:
+            namespace = handle.read().strip() or namespace
+    return dataclasses.replace(config, identity=identity, lease_namespace=namespace)
+
+
 def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs: bool) -> int:
+    config = where_it_runs(config)
     kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN, verbose=config.verbose)
     # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
     logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.verbose else logging.WARNING)

@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kubetf import api, kueue
-from kubetf.api import Job
+from kubetf.core import api, kueue
+from kubetf.core.api import Job
 
 # Enough for one training step plus a checkpoint save after SIGTERM (PreemptionCheckpointHandler).
 DEFAULT_TERMINATION_GRACE_SECONDS = 120
@@ -162,7 +162,7 @@ def desired_pod(job: Job, role: str, index: int, attempt: int = 0) -> dict[str, 
     metadata["labels"] = dict(template_meta.get("labels") or {}) | pod_labels(job, role, index, attempt)
     if template_meta.get("annotations"):
         metadata["annotations"] = dict(template_meta["annotations"])
-    # A queued job's pods form one Kueue pod group (kubetf.kueue): admitted, and preempted, all together.
+    # A queued job's pods form one Kueue pod group (kubetf.core.kueue): admitted, and preempted, all together.
     queue_labels, queue_annotations = kueue.pod_metadata(job)
     metadata["labels"] |= queue_labels
     if queue_annotations:

@@ -10,8 +10,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetf import api
-from kubetf.api import Job
+from kubetf.core import api
+from kubetf.core.api import Job
 
 Pod = dict[str, Any]
 

@@ -10,7 +10,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetf import api
+from kubetf.core import api
 
 KUBEFLOW_API_VERSION = "kubeflow.org/v1"
 KUBEFLOW_PORT_NAME = "tfjob-port"

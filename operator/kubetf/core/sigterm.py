@@ -34,8 +34,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kubetf import api, policy
-from kubetf import status as st
+from kubetf.core import api, policy
+from kubetf.core import status as st
 
 SWALLOWED = "SIGTERM caught at"  # preemption_notifier.cc, printed once per process
 # Seconds after a SIGTERM to look for the line (the notifier polls every second; a loaded node logs late). The

@@ -11,10 +11,12 @@ from typing import Any, TextIO, TypeVar
 
 import yaml
 
-from kubetf import api, builders, jobctl, kube, local
-from kubetf.config import DEFAULTS, OperatorConfig
-from kubetf.convert import KUBEFLOW_API_VERSION, ConversionError, convert
-from kubetf.kube import Kube
+from kubetf.cli import jobctl, local
+from kubetf.cluster import kube
+from kubetf.cluster.kube import Kube
+from kubetf.core import api, builders
+from kubetf.core.config import DEFAULTS, OperatorConfig
+from kubetf.core.convert import KUBEFLOW_API_VERSION, ConversionError, convert
 
 T = TypeVar("T")
 
@@ -224,7 +226,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from kubetf import runner
+    from kubetf.runtime import runner
 
     kube.load_config(args.kubeconfig)
     config = OperatorConfig(
@@ -246,7 +248,6 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if problem:
         print(f"kubetf operator: {problem}", file=sys.stderr)
         return 2
-    config = config.with_runtime_defaults()
     return runner.run(config, args.liveness_port, args.metrics_port, json_logs=args.log_format == "json")
 
 

@@ -14,7 +14,7 @@ The checkpoint volume is `checkpoint.mountPath` when that directory exists and i
 
 Before starting anything it checks that the Python the tasks run can import TensorFlow, and says what to install.
 
-Restarts follow the operator's rules (`kubetf.policy`): MultiWorkerMirrored restarts the whole chief+worker
+Restarts follow the operator's rules (`kubetf.core.policy`): MultiWorkerMirrored restarts the whole chief+worker
 group, ParameterServer a worker alone or a ps together with the chief, Independent and the evaluator every task
 alone; exits by a signal
 (137/143) or 42 are disruptions, other non-zero exits failures under `backoffLimit` (with backoff) and the
@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from kubetf import api, builders, policy, sigterm
+from kubetf.core import api, builders, policy, sigterm
 
 Task = tuple[str, int]
 PREFIX = "kubetf-local | "
@@ -301,7 +301,7 @@ class LocalJob:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 self.write(prefix + line)
                 if not swallowed and sigterm.swallowed(line):
-                    # As the operator does: nothing in the program acts on this SIGTERM (see kubetf.sigterm).
+                    # As the operator does: nothing in the program acts on this SIGTERM (see kubetf.core.sigterm).
                     swallowed = True
                     self.say(f"{replica.label}: TensorFlow took the SIGTERM and nothing in the program acts on it; "
                              "killing it now")  # fmt: skip

@@ -5,14 +5,9 @@ Every default is stated here once; the command line's flags take their defaults 
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
-import os
-import socket
-import uuid
 from dataclasses import dataclass
 
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 DEFAULT_LEASE_NAMESPACE = "kubetf-system"
 
 
@@ -72,15 +67,6 @@ class OperatorConfig:
                 f"({self.lease_duration}) is required: a leader must stop writing before a standby may take over"
             )
         return None
-
-    def with_runtime_defaults(self) -> OperatorConfig:
-        """Fill what depends on where the operator runs: its identity and, in a pod, the lease's namespace."""
-        identity = self.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        namespace = self.lease_namespace
-        if namespace == DEFAULT_LEASE_NAMESPACE and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
-            with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as handle:
-                namespace = handle.read().strip() or namespace
-        return dataclasses.replace(self, identity=identity, lease_namespace=namespace)
 
 
 DEFAULTS = OperatorConfig()

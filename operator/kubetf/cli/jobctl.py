@@ -10,9 +10,9 @@ from typing import Any, TextIO
 
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
-from kubetf import status as st
-from kubetf.kube import Kube, Obj
+from kubetf.cluster.kube import Kube, Obj
+from kubetf.core import api
+from kubetf.core import status as st
 
 POLL_SECONDS = 1.0
 

@@ -10,8 +10,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from kubetf import api, kueue
-from kubetf.api import Job
+from kubetf.core import api, kueue
+from kubetf.core.api import Job
 
 Task = tuple[str, int]
 

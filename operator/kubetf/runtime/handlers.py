@@ -16,9 +16,9 @@ from typing import Any
 import kopf
 from kubernetes import client
 
-from kubetf import api, kueue
-from kubetf.controller import Controller
-from kubetf.kube import PAGE_SIZE
+from kubetf.cluster.kube import PAGE_SIZE
+from kubetf.core import api, kueue
+from kubetf.runtime.controller import Controller
 
 
 def settings() -> kopf.OperatorSettings:

@@ -22,10 +22,11 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api, kueue, metrics
-from kubetf.reconcile import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
+from kubetf.cluster import metrics
+from kubetf.core import api, kueue
+from kubetf.core.reconcile import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 
-log = logging.getLogger("kubetf.kube")
+log = logging.getLogger("kubetf.cluster.kube")
 
 Obj = dict[str, Any]
 
@@ -398,7 +399,7 @@ class Kube:
             raise
         return True
 
-    # ------------------------------------------------------------------ Kueue (kubetf.kueue)
+    # ------------------------------------------------------------------ Kueue (kubetf.core.kueue)
 
     def mark_unretriable(self, pods: list[Obj]) -> None:
         """Tell Kueue these pods will not be replaced: their group's Workload finishes once none runs."""

@@ -22,9 +22,9 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from kubetf import api, kueue
-from kubetf import status as st
-from kubetf.api import Job
+from kubetf.core import api, kueue
+from kubetf.core import status as st
+from kubetf.core.api import Job
 
 Pod = dict[str, Any]
 

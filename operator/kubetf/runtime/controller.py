@@ -16,14 +16,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubetf import api, kueue, metrics, positions, reconcile, sigterm
-from kubetf import status as st
-from kubetf.cache import Key, Store
-from kubetf.config import OperatorConfig
-from kubetf.kube import Kube, NotLeader, Refused, is_transient
-from kubetf.positions import QueuePositions
-from kubetf.reconcile import Event, Plan, Refusal
-from kubetf.workqueue import Expectations, ShutDown, WorkQueue
+from kubetf.cluster import metrics
+from kubetf.cluster.cache import Key, Store
+from kubetf.cluster.kube import Kube, NotLeader, Refused, is_transient
+from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
+from kubetf.core import api, kueue, reconcile, sigterm
+from kubetf.core import status as st
+from kubetf.core.config import OperatorConfig
+from kubetf.core.reconcile import Event, Plan, Refusal
+from kubetf.runtime import positions
+from kubetf.runtime.positions import QueuePositions
 
 log = logging.getLogger("kubetf.operator")
 
@@ -58,7 +60,7 @@ class Controller:
         self.positions = QueuePositions(kube, self.store, self.queue, config, clock)
         self.sigterm_watch: dict[Key, dict[str, sigterm.Watched]] = {}  # pods sent SIGTERM, by uid
         self.threads: list[threading.Thread] = []
-        # Leadership (kubetf.leader): a reconcile whose writes were refused for want of the lease is kept here, with
+        # Leadership (cluster.leader): a reconcile whose writes were refused for want of the lease is kept here, with
         # its priority, and run again once the lease is held (`leadership`).
         self.leading = True
         self.refused: dict[Key, int] = {}
@@ -400,7 +402,7 @@ class Controller:
             log.info("%s/%s: %s marked not to be replaced (Kueue)", *key, ", ".join(_names(plan.unretriable)))
             self.kube.mark_unretriable(plan.unretriable)
         reachable = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in lost_nodes]
-        # Does the program act on SIGTERM? One member is sent it first, the rest wait for the answer (kubetf.sigterm).
+        # Does the program act on SIGTERM? One member is sent it first, the rest wait for the answer (core.sigterm).
         # Only a decision still to make needs the answer: pods being deleted at the end have their logs left alone.
         watched = self._watch_sigterms(key, job, reachable, now) if plan.delete else self._forget_sigterms(key)
         grace, hold_until = sigterm.deletion_grace(watched)
@@ -458,7 +460,7 @@ class Controller:
 
     def _admission(self, job: dict[str, Any], now: float) -> kueue.Admission | None:
         """What Kueue says of a queued job that has not ended: its LocalQueue and its group's Workload (watched),
-        and its place in the ClusterQueue (kubetf.positions)."""
+        and its place in the ClusterQueue (kubetf.runtime.positions)."""
         queue = kueue.queue_name(job)
         suspended = ((job.get("spec") or {}).get("runPolicy") or {}).get("suspend")
         if queue is None or suspended or (job.get("status") or {}).get("phase") in st.FINISHED:
@@ -553,7 +555,7 @@ class Controller:
         self, key: Key, job: dict[str, Any], pods: list[dict[str, Any]], now: float
     ) -> list[sigterm.Watched]:
         """The job's pods that were sent SIGTERM, their logs read when a check is due: TensorFlow's line says that
-        nothing in the program acts on the SIGTERM (see `kubetf.sigterm`)."""
+        nothing in the program acts on the SIGTERM (see `kubetf.core.sigterm`)."""
         before = self.sigterm_watch.get(key, {})
         watched: dict[str, sigterm.Watched] = {}
         for pod in pods:

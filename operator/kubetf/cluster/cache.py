@@ -15,8 +15,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from kubetf import api, kueue, policy
-from kubetf import status as st
+from kubetf.core import api, kueue, policy
+from kubetf.core import status as st
 
 Key = tuple[str, str]  # (namespace, name)
 Obj = dict[str, Any]
@@ -62,7 +62,7 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     ]
     if controller:
         slim_meta["ownerReferences"] = controller[:1]  # tells a previous job's pods from this one's
-    # Kueue's marks (kubetf.kueue): its finalizer, the retriable-in-group annotation, its admission gate.
+    # Kueue's marks (kubetf.core.kueue): its finalizer, the retriable-in-group annotation, its admission gate.
     if kueue.FINALIZER in (meta.get("finalizers") or []):
         slim_meta["finalizers"] = [kueue.FINALIZER]
     retriable = (meta.get("annotations") or {}).get(kueue.RETRIABLE_ANNOTATION)
@@ -88,7 +88,7 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
 
 
 def slim_workload(workload: Mapping[str, Any]) -> Obj:
-    """What kubetf.kueue reads of a Workload: identity, its owners (the group's pods), its conditions."""
+    """What kubetf.core.kueue reads of a Workload: identity, its owners (the group's pods), its conditions."""
     meta = workload.get("metadata") or {}
     slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
     slim_meta["ownerReferences"] = [{"uid": o.get("uid")} for o in meta.get("ownerReferences") or []]
@@ -132,7 +132,7 @@ class Store:
         self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...], str]]] = {}
         self.tombstones: OrderedDict[str, float] = OrderedDict()  # uid of a deleted object -> when
         self.cached_pods = 0  # kept as pods come and go: counting them would cost a pass over every job
-        # Kueue (kubetf.kueue): LocalQueue -> its ClusterQueue; the groups' Workloads (slim JSON without their
+        # Kueue (kubetf.core.kueue): LocalQueue -> its ClusterQueue; the groups' Workloads (slim JSON without their
         # resourceVersion, so an update that changes nothing read compares equal); which job a group and a queue
         # label belong to, so that a Workload's or a LocalQueue's event finds its jobs without parsing every job.
         self.local_queues: dict[Key, str] = {}
