@@ -27,8 +27,8 @@ from kubetf.leader import LeaderElector
 log = logging.getLogger("kubetf.operator")
 
 
-def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs: bool) -> int:
-    kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN, verbose=config.verbose)
+def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_format: str = "json") -> int:
+    kopf.configure(log_format=kopf.LogFormat[log_format.upper()], verbose=config.verbose)
     # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
     logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.verbose else logging.WARNING)
     if metrics_port:
