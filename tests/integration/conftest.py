@@ -336,7 +336,7 @@ class Operator:
                 "--metrics-port",
                 str(self.metrics_port),
                 "--log-format",
-                "plain",
+                "full",
                 *self.flags,
             ],
             stdout=log,

@@ -1,6 +1,7 @@
 """The reconcile shell (`Controller`) on an in-memory API: cache, expectations, priorities, batching, backoff."""
 
 import dataclasses
+import threading
 import time
 
 import pytest
@@ -73,6 +74,31 @@ def test_reconciled_before_the_watch_showed_its_own_pods_it_creates_no_duplicate
     assert shell.api.calls.count("create Pod") == 3
 
 
+def test_the_event_that_ends_a_wait_for_the_watch_is_never_lost_between_the_check_and_the_wait():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)  # creates three pods: the watch has not shown them yet
+    shell.queued()
+    expectations = shell.controller.expectations
+    check = expectations.defer
+
+    def check_then_the_watch_delivers(key, priority):
+        until = check(key, priority)
+        # The watch thread delivers the three ADDED events right after the check. While the check and the record
+        # of the wait are one step, it waits for that step; it must not land in between.
+        delivery = threading.Thread(target=shell.api.deliver, args=(shell.controller,))
+        delivery.start()
+        delivery.join(0.5)
+        deliveries.append(delivery)
+        return until
+
+    deliveries: list[threading.Thread] = []
+    expectations.defer = check_then_the_watch_delivers
+    assert shell.controller.reconcile(shell.key, URGENT) is None  # a trigger while the pods are not shown yet
+    deliveries[0].join(5)
+    # The job is handed out again now, at the priority it came with, not after the 30 s expectation timeout.
+    assert shell.queued() == [(shell.key, URGENT)]
+
+
 def test_the_echo_of_its_own_status_write_costs_no_reconcile():
     shell = Shell(mwms())
     shell.queued()
@@ -142,7 +168,7 @@ def test_a_refused_create_keeps_what_was_created_and_backs_off_per_job():
     assert shell.status()["tasks"]["chief-0"]["state"] == "Created"
     # Nothing waits for the refused creates: the retry is not held back by expectations.
     shell.api.deliver(shell.controller)
-    assert shell.controller.expectations.waiting_until(shell.key) is None
+    assert shell.key not in shell.controller.expectations.pending
     del shell.api.refuse["mnist-worker-0"]
     shell.controller.reconcile(shell.key)
     assert sorted(shell.api.pods) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
@@ -224,7 +250,7 @@ def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for()
     shell.controller.reconcile(shell.key)  # the group restart deletes the chief and worker-0
     store.job_pods = real_job_pods
     shell.api.deliver(shell.controller)
-    assert shell.controller.expectations.waiting_until(shell.key) is None
+    assert shell.key not in shell.controller.expectations.pending
 
 
 def test_the_refresh_after_the_start_acts_on_a_deletion_no_watch_showed():

@@ -248,7 +248,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if problem:
         print(f"kubetf operator: {problem}", file=sys.stderr)
         return 2
-    return runner.run(config, args.liveness_port, args.metrics_port, json_logs=args.log_format == "json")
+    return runner.run(config, args.liveness_port, args.metrics_port, log_format=args.log_format)
 
 
 def _cluster(args: argparse.Namespace) -> Kube:
@@ -390,7 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else KUBECONFIG)")
     operator.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz here (0: off)")
     operator.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here (0: off)")
-    operator.add_argument("--log-format", choices=["json", "plain"], default="json")
+    operator.add_argument(
+        "--log-format", choices=["json", "plain", "full"], default="json", help="full: plain with timestamps"
+    )
     operator.add_argument("--qps", type=float, default=DEFAULTS.qps, help="client-side API rate limit, requests/s")
     operator.add_argument("--burst", type=int, default=DEFAULTS.burst, help="requests allowed above --qps in a burst")
     operator.add_argument("--workers", type=int, default=DEFAULTS.workers, help="jobs reconciled in parallel")

@@ -139,12 +139,18 @@ class _Pending:
 
 class Expectations(Generic[Key]):
     """Per key, the writes the watch has yet to show. Expired after `timeout` (a lost event must not block a key
-    forever: the controller then acts on what it has, and its next resync re-reads the API)."""
+    forever: the controller then acts on what it has, and its next resync re-reads the API).
+
+    A key that came up while it waited is deferred (`defer`) and handed back by the `observe` that completes its
+    writes: both under one lock, so the event that completes them can never slip in between the check and the
+    record of the wait (it would find nothing deferred, and the key would sleep until the timeout).
+    """
 
     def __init__(self, timeout: float = 30.0, clock: Callable[[], float] = time.time) -> None:
         self.timeout, self.clock = timeout, clock
         self.lock = threading.Lock()
         self.pending: dict[Key, _Pending] = {}
+        self.deferred: dict[Key, int] = {}  # key -> the most urgent priority it was deferred at
 
     def expect(self, key: Key, creations: Iterable[str] = (), deletions: Iterable[str] = ()) -> None:
         with self.lock:
@@ -155,20 +161,20 @@ class Expectations(Generic[Key]):
             if not entry.creations and not entry.deletions:
                 del self.pending[key]
 
-    def observe(self, key: Key, name: str, uid: str, gone: bool) -> bool:
-        """The watch showed object `name`/`uid` (`gone`: being deleted or deleted). True when that completed the
-        key's expectations."""
+    def observe(self, key: Key, name: str, uid: str, gone: bool) -> int | None:
+        """The watch showed object `name`/`uid` (`gone`: being deleted or deleted). When that completed the key's
+        expectations and the key was deferred meanwhile: the priority to queue it at again."""
         with self.lock:
             entry = self.pending.get(key)
             if entry is None:
-                return False
+                return None
             entry.creations.discard(name)
             if gone:
                 entry.deletions.discard(uid)
             if entry.creations or entry.deletions:
-                return False
+                return None
             del self.pending[key]
-            return True
+            return self.deferred.pop(key, None)
 
     def cancel_creations(self, key: Key, names: Iterable[str]) -> None:
         """Creates that did not happen (the API server refused them): nothing to wait for."""
@@ -180,17 +186,21 @@ class Expectations(Generic[Key]):
             if not entry.creations and not entry.deletions:
                 del self.pending[key]
 
-    def waiting_until(self, key: Key) -> float | None:
-        """While the key waits for its writes to show: the clock time it stops waiting. None: nothing pending."""
+    def defer(self, key: Key, priority: int) -> float | None:
+        """While the key waits for its writes to show: record that it came up (at `priority`) and return the clock
+        time it stops waiting. None: nothing pending, go ahead."""
         with self.lock:
             entry = self.pending.get(key)
-            if entry is None:
-                return None
-            if self.clock() >= entry.deadline:
+            if entry is not None and self.clock() >= entry.deadline:
                 del self.pending[key]
+                entry = None
+            if entry is None:
+                self.deferred.pop(key, None)
                 return None
+            self.deferred[key] = min(priority, self.deferred.get(key, priority))
             return entry.deadline
 
     def forget(self, key: Key) -> None:
         with self.lock:
             self.pending.pop(key, None)
+            self.deferred.pop(key, None)

@@ -50,7 +50,6 @@ class Controller:
         metrics.CACHED_PODS.set_function(lambda: self.store.cached_pods)
         self.queue: WorkQueue[Key] = WorkQueue(config.error_backoff_first, config.error_backoff_cap, clock)
         self.expectations: Expectations[Key] = Expectations(config.expectations_timeout, clock)
-        self.deferred: dict[Key, int] = {}  # jobs that waited for expectations: reconcile once they are met
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.node_states: dict[str, tuple[float, bool]] = {}  # node -> (read at, lost)
@@ -318,7 +317,7 @@ class Controller:
         meta = pod.get("metadata") or {}
         deleted = type_ == "DELETED"
         gone = deleted or bool(meta.get("deletionTimestamp"))
-        satisfied = self.expectations.observe(key, meta.get("name", ""), meta.get("uid", ""), gone)
+        # The cache first: a reconcile the expectations let through must find what they waited for.
         if deleted:
             changed = self.store.remove_pod(key, meta.get("name", ""), meta.get("uid", ""))
         else:
@@ -326,11 +325,9 @@ class Controller:
         if changed:
             phase = (pod.get("status") or {}).get("phase")
             self.queue.add(key, URGENT if gone or phase in ("Succeeded", "Failed") else NORMAL)
-        if satisfied:
-            with self.lock:
-                priority = self.deferred.pop(key, None)
-            if priority is not None:
-                self.queue.add(key, priority)
+        deferred = self.expectations.observe(key, meta.get("name", ""), meta.get("uid", ""), gone)
+        if deferred is not None:
+            self.queue.add(key, deferred)
 
     def workload_event(self, type_: str | None, workload: Mapping[str, Any]) -> None:
         """A Workload changed: its job is reconciled when what the decisions read of it changed (admitted, evicted,
@@ -366,10 +363,8 @@ class Controller:
         yet (its own writes not shown by the watch)."""
         started = time.monotonic()
         namespace, name = key
-        waiting_until = self.expectations.waiting_until(key)
+        waiting_until = self.expectations.defer(key, priority)
         if waiting_until is not None:
-            with self.lock:
-                self.deferred[key] = min(priority, self.deferred.get(key, priority))
             self.queue.at(waiting_until, key, NORMAL)  # a lost watch event must not stall the job
             return None
         job = self.store.job(key)

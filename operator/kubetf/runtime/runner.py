@@ -44,9 +44,9 @@ def where_it_runs(config: OperatorConfig) -> OperatorConfig:
     return dataclasses.replace(config, identity=identity, lease_namespace=namespace)
 
 
-def run(config: OperatorConfig, liveness_port: int, metrics_port: int, json_logs: bool) -> int:
+def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_format: str = "json") -> int:
     config = where_it_runs(config)
-    kopf.configure(log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN, verbose=config.verbose)
+    kopf.configure(log_format=kopf.LogFormat[log_format.upper()], verbose=config.verbose)
     # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
     logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.verbose else logging.WARNING)
     if metrics_port:
