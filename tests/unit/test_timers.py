@@ -6,6 +6,7 @@ import pytest
 
 from kubetf.core import kueue, timers
 from kubetf.core import status as st
+from kubetf.core.config import DEFAULTS
 
 from .test_kueue import admit, kueue_preempts, kueue_sim, queued, run, terminate
 from .test_reconcile import T0, mwms_job, started
@@ -131,7 +132,7 @@ def test_a_scheduling_wait_after_a_long_queue_is_warned_about_only_after_its_gra
     sim.step(advance=1)
     assert sim.condition()["reason"] == "PodsStarting"
     assert not [r for t, r, _ in sim.api.recorded if t == "Warning"]
-    sim.step(advance=st.SCHEDULING_GRACE_SECONDS)
+    sim.step(advance=DEFAULTS.scheduling_grace)
     assert sim.condition()["reason"] == "Unschedulable"
 
 

@@ -49,6 +49,39 @@ class OperatorConfig:
     identity: str = ""
     verbose: bool = False
 
+    # ---- timing: every delay the operator waits or grants, in seconds
+    # API requests: connect and read timeouts. A pod's log comes through its node's kubelet, which may not answer
+    # at all (a partitioned node): read with a short timeout, so a reconcile worker is never held for long.
+    api_timeout: tuple[float, float] = (5.0, 30.0)
+    log_timeout: tuple[float, float] = (2.0, 4.0)
+    # After the start, the first re-list comes once the watches run.
+    audit_after_start: float = 20.0
+    # A deleted object's uid is remembered this long, so a list taken before the deletion cannot bring it back.
+    tombstone_seconds: float = 300.0
+    # A previous job's Service or PVC still holding a name is usually garbage-collected within seconds.
+    name_in_use_recheck: float = 10.0
+    # A LocalQueue the watch has not shown is read from the API; its absence (or Kueue's) serves this long.
+    local_queue_recheck: float = 5.0
+    # Kueue's visibility API not answering: asked again after this long.
+    positions_unavailable_recheck: float = 600.0
+    # Nodes: a node's Ready state read from the API serves every job with pods there this long; while a pod is
+    # being deleted on a node, its node is looked at again this often (a node that stopped reporting sends no event
+    # of its own). `node_monitor_grace` is the cluster's kube-controller-manager --node-monitor-grace-period: a node
+    # marked Unknown stopped reporting up to that long before.
+    node_state_seconds: float = 5.0
+    node_check_seconds: float = 10.0
+    node_monitor_grace: float = 50.0
+    # A pod unscheduled for less than this is not a reason worth a warning yet (the scheduler retries, an
+    # autoscaler adds nodes); an old pod still there this long after its grace period is reported stuck.
+    scheduling_grace: float = 30.0
+    stuck_margin: float = 15.0
+    # A MultiWorkerMirrored group restart (kubetf.core.sigterm): seconds after the first member's SIGTERM to look
+    # for TensorFlow's "SIGTERM caught" line; the grace period of the rest once it is found; how far before the
+    # SIGTERM the log is read from (the clocks of the API server and the node differ).
+    sigterm_checks: tuple[float, ...] = (0.0, 2.0, 4.0, 6.0)
+    sigterm_stop_grace: int = 1
+    sigterm_clock_skew: float = 5.0
+
     def list_scopes(self) -> tuple[str, ...]:
         """What to list: each namespace named, or "" (every namespace, then filtered by `serves`) when a pattern
         names them."""
@@ -66,6 +99,8 @@ class OperatorConfig:
                 f"--retry-period ({self.retry_period}) < --renew-deadline ({self.renew_deadline}) < --lease-duration "
                 f"({self.lease_duration}) is required: a leader must stop writing before a standby may take over"
             )
+        if min(*self.api_timeout, *self.log_timeout) <= 0:
+            return "--api-timeout and --log-timeout must be positive (CONNECT,READ seconds)"
         return None
 
 

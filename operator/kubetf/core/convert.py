@@ -32,10 +32,17 @@ ROLE_OF = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", 
 RESTART_POLICY_OF = {"OnFailure": "OnFailure", "Never": "Never", "ExitCode": "ExitCode", "Always": "OnFailure"}
 RUN_POLICY_FIELDS = ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "cleanPodPolicy", "suspend")
 LEGACY_RUN_POLICY_FIELDS = ("cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
-GANG_SCHEDULING = "kubetf has no gang scheduling: it creates every pod at once, and runPolicy.startupTimeoutSeconds"
+# A job with a Kueue queue is admitted as one pod group: all of its pods or none (gang admission). Without a queue
+# every pod is created at once and only the startup timeout bounds a job whose pods cannot all start.
+GANG_QUEUED = (
+    "carried over as Kueue's pod group: Kueue admits all of the job's pods together or none (kubetf asks for every "
+    "replica, not a part of them)"
+)
+GANG_UNQUEUED = (
+    "not carried over: without a Kueue queue kubetf creates every pod at once, and runPolicy.startupTimeoutSeconds "
+    "fails a job whose pods cannot all start; add the label kueue.x-k8s.io/queue-name for all-or-nothing admission"
+)
 SCHEDULING_NOTES = {
-    "minAvailable": f"not carried over: {GANG_SCHEDULING} fails a job whose pods cannot all start",
-    "minResources": f"not carried over: {GANG_SCHEDULING} fails a job whose pods cannot all start",
     "scheduleTimeoutSeconds": "not carried over: runPolicy.startupTimeoutSeconds (default 600) fails the job when "
     "its pods are still not running after that long",
 }
@@ -54,47 +61,13 @@ class Conversion:
 
 def convert(tfjob: Any, strategy: str | None = None) -> Conversion:
     """The TrainingJob for a TFJob. `strategy` overrides the one the layout suggests (see `_strategy`)."""
-    if not isinstance(tfjob, dict) or tfjob.get("kind") != "TFJob":
-        kind = tfjob.get("kind") if isinstance(tfjob, dict) else type(tfjob).__name__
-        raise ConversionError(f"expected a Kubeflow TFJob (kind: TFJob), got {kind!r}")
-    if tfjob.get("apiVersion") != KUBEFLOW_API_VERSION:
-        raise ConversionError(f"apiVersion must be {KUBEFLOW_API_VERSION}, got {tfjob.get('apiVersion')!r}")
-    if strategy is not None and strategy not in api.STRATEGIES:
-        raise ConversionError(f"strategy {strategy!r}: must be one of {', '.join(api.STRATEGIES)}")
+    _check(tfjob, strategy)
     spec = tfjob.get("spec") or {}
-    replica_specs = spec.get("tfReplicaSpecs")
-    if not isinstance(replica_specs, dict) or not replica_specs:
-        raise ConversionError("spec.tfReplicaSpecs: required, with at least one replica type")
-
     notes: list[str] = []
-    name = (tfjob.get("metadata") or {}).get("name")
     metadata = _metadata(tfjob.get("metadata") or {}, notes)
-    out_specs: dict[str, dict[str, Any]] = {}
-    kubeflow_types: dict[str, str] = {}
-    ports: set[int] = set()
-    for kubeflow_type, replica in replica_specs.items():
-        path = f"spec.tfReplicaSpecs.{kubeflow_type}"
-        role = ROLE_OF.get(str(kubeflow_type).lower())
-        if role is None:
-            raise ConversionError(f"{path}: unknown replica type (Kubeflow knows Chief, Master, Worker, PS, Evaluator)")
-        if role in out_specs:
-            raise ConversionError(f"{path}: a second {role} replica type (Chief and Master are the same role)")
-        if str(kubeflow_type).lower() == "master":
-            notes.append(f"{path}: Master became chief (TF_CONFIG job name 'chief' instead of 'master')")
-        if role == "evaluator":
-            notes.append(
-                f"{path}: the evaluator is not in the training tasks' TF_CONFIG cluster (Kubeflow listed it there, "
-                "which hangs TF2 ParameterServer training)"
-            )
-        out_specs[role], port = _replica(replica or {}, path, notes)
-        labels = out_specs[role]["template"].setdefault("metadata", {}).setdefault("labels", {})
-        labels |= {LABEL_JOB_NAME: str(name or ""), LABEL_REPLICA_TYPE: str(kubeflow_type).lower()}
-        if role == "chief":
-            labels[LABEL_JOB_ROLE] = "master"
-        kubeflow_types[role] = str(kubeflow_type)
-        if port is not None:
-            ports.add(port)
-
+    out_specs, kubeflow_types, ports = _replicas(
+        spec["tfReplicaSpecs"], (tfjob.get("metadata") or {}).get("name"), notes
+    )
     if sum(r.get("replicas", 1) for r in out_specs.values()) == 1:
         notes.append(
             "spec.tfReplicaSpecs: a single replica: Kubeflow set no TF_CONFIG, kubetf sets one naming only this task"
@@ -106,30 +79,13 @@ def convert(tfjob: Any, strategy: str | None = None) -> Conversion:
         notes.append(f"containers declare different {KUBEFLOW_PORT_NAME} ports {sorted(ports)}: using {min(ports)}")
     if ports and min(ports) != KUBEFLOW_DEFAULT_PORT:
         job_spec["port"] = min(ports)
-
-    run_policy = dict(spec.get("runPolicy") or {})
-    for legacy in LEGACY_RUN_POLICY_FIELDS:
-        if legacy in spec:  # pre-v1 placement at the top of the spec
-            run_policy.setdefault(legacy, spec[legacy])
-    carried = {k: run_policy[k] for k in RUN_POLICY_FIELDS if run_policy.get(k) is not None}
-    if "ps" in out_specs and "cleanPodPolicy" not in carried:
-        notes.append(
-            "spec.runPolicy.cleanPodPolicy: not set, so Kubeflow (default None) left ps pods running after the job "
-            "ended; kubetf's default Running stops them (set cleanPodPolicy: None to keep them)"
-        )
-    _scheduling_policy(run_policy.get("schedulingPolicy"), metadata, out_specs, notes)
-    _managed_by(run_policy.get("managedBy"), notes)
-    for dropped in sorted(set(run_policy) - {*RUN_POLICY_FIELDS, "schedulingPolicy", "managedBy"}):
-        notes.append(f"spec.runPolicy.{dropped}: not carried over (kubetf has no equivalent)")
-    if carried:
-        job_spec["runPolicy"] = carried
+    _run_policy(spec, job_spec, metadata, notes)
     if success_policy == "AllWorkers":
         job_spec["successPolicy"] = "AllWorkers"
     if spec.get("enableDynamicWorker"):
         notes.append("spec.enableDynamicWorker: not carried over; kubetf keeps a fixed set of tasks")
     for unknown in sorted(set(spec) - set(TFJOB_SPEC_FIELDS)):
         notes.append(f"spec.{unknown}: not carried over (not a TFJob field kubetf knows)")
-
     job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": job_spec}
     return Conversion(job, notes)
 
@@ -186,6 +142,70 @@ def _replica(replica: dict[str, Any], path: str, notes: list[str]) -> tuple[dict
     return out, port
 
 
+def _check(tfjob: Any, strategy: str | None) -> None:
+    if not isinstance(tfjob, dict) or tfjob.get("kind") != "TFJob":
+        kind = tfjob.get("kind") if isinstance(tfjob, dict) else type(tfjob).__name__
+        raise ConversionError(f"expected a Kubeflow TFJob (kind: TFJob), got {kind!r}")
+    if tfjob.get("apiVersion") != KUBEFLOW_API_VERSION:
+        raise ConversionError(f"apiVersion must be {KUBEFLOW_API_VERSION}, got {tfjob.get('apiVersion')!r}")
+    if strategy is not None and strategy not in api.STRATEGIES:
+        raise ConversionError(f"strategy {strategy!r}: must be one of {', '.join(api.STRATEGIES)}")
+    replica_specs = (tfjob.get("spec") or {}).get("tfReplicaSpecs")
+    if not isinstance(replica_specs, dict) or not replica_specs:
+        raise ConversionError("spec.tfReplicaSpecs: required, with at least one replica type")
+
+
+def _replicas(
+    replica_specs: dict[str, Any], name: str | None, notes: list[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], set[int]]:
+    """(the replicaSpecs by role, the Kubeflow replica type of each role, the TF ports their containers declare)."""
+    out_specs: dict[str, dict[str, Any]] = {}
+    kubeflow_types: dict[str, str] = {}
+    ports: set[int] = set()
+    for kubeflow_type, replica in replica_specs.items():
+        path = f"spec.tfReplicaSpecs.{kubeflow_type}"
+        role = ROLE_OF.get(str(kubeflow_type).lower())
+        if role is None:
+            raise ConversionError(f"{path}: unknown replica type (Kubeflow knows Chief, Master, Worker, PS, Evaluator)")
+        if role in out_specs:
+            raise ConversionError(f"{path}: a second {role} replica type (Chief and Master are the same role)")
+        if str(kubeflow_type).lower() == "master":
+            notes.append(f"{path}: Master became chief (TF_CONFIG job name 'chief' instead of 'master')")
+        if role == "evaluator":
+            notes.append(
+                f"{path}: the evaluator is not in the training tasks' TF_CONFIG cluster (Kubeflow listed it there, "
+                "which hangs TF2 ParameterServer training)"
+            )
+        out_specs[role], port = _replica(replica or {}, path, notes)
+        labels = out_specs[role]["template"].setdefault("metadata", {}).setdefault("labels", {})
+        labels |= {LABEL_JOB_NAME: str(name or ""), LABEL_REPLICA_TYPE: str(kubeflow_type).lower()}
+        if role == "chief":
+            labels[LABEL_JOB_ROLE] = "master"
+        kubeflow_types[role] = str(kubeflow_type)
+        if port is not None:
+            ports.add(port)
+    return out_specs, kubeflow_types, ports
+
+
+def _run_policy(spec: dict[str, Any], job_spec: dict[str, Any], metadata: dict[str, Any], notes: list[str]) -> None:
+    run_policy = dict(spec.get("runPolicy") or {})
+    for legacy in LEGACY_RUN_POLICY_FIELDS:
+        if legacy in spec:  # pre-v1 placement at the top of the spec
+            run_policy.setdefault(legacy, spec[legacy])
+    carried = {k: run_policy[k] for k in RUN_POLICY_FIELDS if run_policy.get(k) is not None}
+    if "ps" in job_spec["replicaSpecs"] and "cleanPodPolicy" not in carried:
+        notes.append(
+            "spec.runPolicy.cleanPodPolicy: not set, so Kubeflow (default None) left ps pods running after the job "
+            "ended; kubetf's default Running stops them (set cleanPodPolicy: None to keep them)"
+        )
+    _scheduling_policy(run_policy.get("schedulingPolicy"), metadata, job_spec["replicaSpecs"], notes)
+    _managed_by(run_policy.get("managedBy"), notes)
+    for dropped in sorted(set(run_policy) - {*RUN_POLICY_FIELDS, "schedulingPolicy", "managedBy"}):
+        notes.append(f"spec.runPolicy.{dropped}: not carried over (kubetf has no equivalent)")
+    if carried:
+        job_spec["runPolicy"] = carried
+
+
 def _strategy(
     replica_specs: dict[str, dict[str, Any]], kubeflow_types: dict[str, str], success_policy: str, notes: list[str]
 ) -> str:
@@ -217,6 +237,7 @@ def _strategy(
 def _scheduling_policy(
     policy: Any, metadata: dict[str, Any], replica_specs: dict[str, dict[str, Any]], notes: list[str]
 ) -> None:
+    queued = bool((policy or {}).get("queue") or (metadata.get("labels") or {}).get(KUEUE_QUEUE_LABEL))
     for key, value in (policy or {}).items():
         path = f"spec.runPolicy.schedulingPolicy.{key}"
         if key == "queue" and value:
@@ -235,6 +256,8 @@ def _scheduling_policy(
                 f"{path}: set as priorityClassName on every pod template that has none "
                 "(Kubeflow gave it to the gang-scheduling PodGroup)"
             )
+        elif key in ("minAvailable", "minResources") and value not in (None, "", {}):
+            notes.append(f"{path}: {GANG_QUEUED if queued else GANG_UNQUEUED}")
         elif value not in (None, "", {}):
             notes.append(f"{path}: {SCHEDULING_NOTES.get(key, 'not carried over (kubetf has no equivalent)')}")
 
@@ -244,7 +267,7 @@ def _managed_by(value: Any, notes: list[str]) -> None:
         return
     if value == KUBEFLOW_CONTROLLER:
         notes.append(f"spec.runPolicy.managedBy: {value} dropped: the kubetf operator runs every TrainingJob")
-    else:
+    else:  # Kueue's MultiKueue has no adapter for TrainingJobs (docs/compatibility.md): nothing would run it
         notes.append(
             f"spec.runPolicy.managedBy: {value} not carried over: kubetf has no external controller hand-off "
             "(MultiKueue dispatch included); the kubetf operator of the cluster you apply it to runs the job"

@@ -22,10 +22,12 @@ ungated too. The protocol the operator follows (README, "On a Kueue-managed clus
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from kubetf.core import api
+from kubetf.core import status as st
 from kubetf.core.api import Job
 
 Pod = dict[str, Any]
@@ -95,7 +97,7 @@ def _finalized_by_kueue(pod: Pod) -> bool:
     return FINALIZER in ((pod.get("metadata") or {}).get("finalizers") or [])
 
 
-def held(pod: Pod, lost_nodes: frozenset[str]) -> bool:
+def held(pod: Pod, lost_nodes: Collection[str]) -> bool:
     """Deleted, running nothing (finished, never placed on a node, or on a node that is gone), and kept only for
     Kueue's bookkeeping by its finalizer."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
@@ -107,7 +109,7 @@ def held(pod: Pod, lost_nodes: frozenset[str]) -> bool:
 
 def to_release(
     pods: list[Pod],
-    lost_nodes: frozenset[str],
+    lost_nodes: Collection[str],
     ending: bool,
     staying: list[Pod] | None = None,
     workload: dict[str, Any] | None = None,
@@ -139,6 +141,59 @@ def needs_unretriable(pods: list[Pod]) -> list[Pod]:
         for p in pods
         if _finalized_by_kueue(p) and ((p["metadata"].get("annotations") or {}).get(RETRIABLE_ANNOTATION) != "false")
     ]
+
+
+def bookkeeping(
+    job: Job,
+    status: dict[str, Any],
+    pods: list[Pod],
+    deleting: list[Pod],
+    lost_nodes: Collection[str],
+    ending: bool,
+    workload: dict[str, Any] | None,
+) -> tuple[list[Pod], list[Pod]]:
+    """Kueue's side of a plan: (the pods to mark not to be replaced, those whose finalizer to remove). A job that
+    ends (`ending`) marks its pods, so Kueue finishes its Workload and releases the quota; deleted pods that run
+    nothing are released, so their names are free for replacements and an ending job's pods are gone at once.
+    `deleting`: the pods the plan deletes now."""
+    if not any(_finalized_by_kueue(p) for p in pods):
+        return [], []  # no pod of the job is Kueue's
+    group = group_name(job)
+    ours = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(GROUP_LABEL) == group]
+    others = [p for p in pods if p not in ours]  # a previous job's of the same name: its group has ended
+    views, _ = st.observe(dict(job, status=status), ours)
+    staying = [v.pod for v in views.values() if v.pod is not None and not st.is_deleting(v.pod)]
+    staying = [p for p in staying if not any(p is d for d in deleting)]
+    release = to_release(ours, lost_nodes, ending, staying, workload) + to_release(others, lost_nodes, ending=True)
+    return (needs_unretriable(pods) if ending else []), release
+
+
+def farewell(pods: list[Pod], lost_nodes: Collection[str]) -> tuple[list[Pod], list[Pod]]:
+    """A deleted job's pods go with it (garbage collection): with Kueue's finalizer they would stay, and hold the
+    quota, until Kueue finishes their group. (To mark not to be replaced, to release.)"""
+    pods = [p for p in pods if _finalized_by_kueue(p)]
+    return needs_unretriable(pods), to_release(pods, lost_nodes, ending=True)
+
+
+def waits_for_admission(views: dict[str, st.TaskView], admission: Admission | None) -> bool:
+    """The job cannot run until Kueue admits its group: its LocalQueue is missing, or its group is not admitted and
+    its pods are gated (or, none left, will be when created). A restart under an admitted group never waits: Kueue
+    ungates the replacements at once."""
+    if admission is None or not admission.installed or st.all_running(views):
+        return False
+    if admission.cluster_queue is None:
+        return True  # Kueue cannot admit it: say why, whatever the pods show
+    if admission.admitted:
+        return False
+    current = [v.pod for v in views.values() if v.pod is not None and not st.is_deleting(v.pod)]
+    return not current or any(is_gated(p) for p in current)
+
+
+def previous_runs_workload(admission: Admission | None, pods: list[Pod]) -> bool:
+    """A resumed job's group still names the finished Workload of its run before the suspension until Kueue's
+    pods are gone and it is garbage-collected: pods created meanwhile would join a finished Workload, never to
+    be admitted."""
+    return admission is not None and admission.finished and not pods
 
 
 # ---------------------------------------------------------------------- admission, as the operator reads it

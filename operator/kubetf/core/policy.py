@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubetf.core import api, kueue
+from kubetf.core import status as st
 from kubetf.core.api import Job
+from kubetf.core.status import COMPLETED, CREATED, TaskView
 
 Task = tuple[str, int]
 
@@ -137,54 +139,66 @@ def _training_container_terminated(pod: dict[str, Any]) -> dict[str, Any] | None
     return None
 
 
-def restart_targets(job: Job, role: str, index: int) -> list[Task]:
-    """The tasks to restart together when (role, index) ended abnormally, chief first. Every one of them runs
-    again, even one that had already exited 0: the new group needs it (MultiWorkerMirrored's collectives wait for
-    every peer; a finished peer left out would leave the others waiting forever), and a program resumes from its
-    checkpoint, so a finished task exits again at once. Other strategies never put a finished task in a group: a
-    finished chief has already ended the job, and workers restart alone.
+def ended(job: Job, views: dict[str, TaskView]) -> list[tuple[TaskView, Termination]]:
+    """The tasks whose current pod ended abnormally or vanished; those that exited 0 become Completed."""
+    result = []
+    for view in views.values():
+        how = termination(job, view) if view.state != COMPLETED else None
+        if how is not None and how.outcome is Outcome.SUCCEEDED:
+            view.state = COMPLETED
+        elif how is not None:
+            result.append((view, how))
+    return result
 
-    MultiWorkerMirrored: collectives need every peer, so the whole chief+worker group. ParameterServer: a worker
-    rejoins alone; a lost ps loses variables the coordinator (chief) holds handles to, so the ps and the chief.
-    The evaluator is a sidecar and restarts alone. Independent: every task alone (below).
-    """
-    if role == "evaluator":
-        return [(role, index)]
-    strategy = api.strategy(job)
-    if strategy == "MultiWorkerMirrored":
-        return [task for task in api.tasks(job) if task[0] in ("chief", "worker")]
-    if strategy == "ParameterServer" and role == "ps":
-        return [task for task in api.tasks(job) if task == ("chief", 0)] + [(role, index)]
-    # Independent: programs that only read TF_CONFIG and hold no collective or coordinator state across tasks,
-    # chiefly TF1 between-graph training (tf.compat.v1 MonitoredTrainingSession, Estimator). Each task restarts
-    # alone, as Kubeflow's TFJob restarts them:
-    # - a worker dies: the others train on (asynchronous updates; SyncReplicasOptimizer waits for a quorum); the
-    #   new pod gets the same name, waits for the model to be ready on the ps and rejoins.
-    # - a ps dies: its variables are gone. Every worker's next step fails with UnavailableError/AbortedError, which
-    #   MonitoredTrainingSession catches: it recreates its session, waiting until the ps is back at the same
-    #   address; the chief then restores the variables from its latest checkpoint and the other workers wait
-    #   until they are initialised. Restarting workers or the chief would only lose their place in the input.
-    # - the chief (or worker 0 without a chief: TF1's is_chief) dies: it restores from the checkpoint it wrote and
-    #   resumes; the variables on the ps were never lost. Estimator's evaluator only reads checkpoints.
-    # A program that cannot survive these (a plain tf.compat.v1.Session) exits non-zero and is restarted in turn.
-    return [(role, index)]
+
+def termination(job: Job, view: TaskView) -> Termination | None:
+    """How the task's current pod ended (or vanished, or is being taken away); None while it runs."""
+    restart_policy = job["spec"]["replicaSpecs"][view.role]["restartPolicy"]
+    pod = view.pod
+    if pod is None:
+        if view.state == CREATED:
+            return Termination(Outcome.DISRUPTED, "PodDeleted: the pod was deleted while the job ran")
+        return None
+    how = classify_pod(pod, restart_policy)
+    if how is not None:
+        return how
+    reason = disruption_reason(pod)
+    if st.is_deleting(pod):
+        # Only stale pods are deleted by the operator while a job runs: anyone else's deletion is a disruption.
+        return Termination(Outcome.DISRUPTED, reason or "PodDeleted: the pod is being deleted")
+    return Termination(Outcome.DISRUPTED, reason) if reason else None
+
+
+# Who restarts together, by strategy: when a task of the role on the left ends abnormally, every task of the roles
+# on the right restarts with it (the task itself always does). Anything not listed restarts alone. Both the
+# restart targets and the barrier (whose old pods must be gone before a replacement starts) come from this table.
+#
+# MultiWorkerMirrored: collectives need every peer, so the whole chief+worker group; a finished peer is in it too
+# (the new group needs it, and a program resumes from its checkpoint, so it exits again at once). ParameterServer:
+# a worker rejoins alone; a lost ps loses variables the coordinator (chief) holds handles to, so the ps and the
+# chief. The evaluator is a sidecar and restarts alone. Independent (chiefly TF1 between-graph training, whose
+# MonitoredTrainingSession survives a lost ps or worker) and Mirrored (one task): every task alone, as Kubeflow's
+# TFJob restarts them.
+RESTART_GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
+    "MultiWorkerMirrored": {"chief": ("chief", "worker"), "worker": ("chief", "worker")},
+    "ParameterServer": {"ps": ("chief",)},
+}
+
+
+def restart_targets(job: Job, role: str, index: int) -> list[Task]:
+    """The tasks to restart together when (role, index) ended abnormally, in the job's order (chief first)."""
+    roles = RESTART_GROUPS.get(api.strategy(job), {}).get(role, ())
+    return [task for task in api.tasks(job) if task[0] in roles or task == (role, index)]
 
 
 def barrier(job: Job, role: str, index: int) -> list[Task]:
     """The tasks whose old pods must all be gone before (role, index)'s replacement is created: every task it may
-    be restarted together with. A new MultiWorkerMirrored chief that met a worker of the old group (still
-    terminating, still resolvable through the headless Service) would crash, and a new ps must never get
+    be restarted together with, either way round. A new MultiWorkerMirrored chief that met a worker of the old group
+    (still terminating, still resolvable through the headless Service) would crash, and a new ps must never get
     variables from an old chief."""
-    strategy = api.strategy(job)
-    if role == "evaluator":
-        return [(role, index)]
-    if strategy == "MultiWorkerMirrored":
-        return [task for task in api.tasks(job) if task[0] in ("chief", "worker")]
-    if strategy == "ParameterServer" and role == "ps":
-        return [task for task in api.tasks(job) if task == ("chief", 0)] + [(role, index)]
-    if strategy == "ParameterServer" and role == "chief":
-        return [task for task in api.tasks(job) if task == ("chief", 0) or task[0] == "ps"]
-    return [(role, index)]
+    groups = RESTART_GROUPS.get(api.strategy(job), {})
+    mine = groups.get(role, ())
+    return [t for t in api.tasks(job) if t == (role, index) or t[0] in mine or role in groups.get(t[0], ())]
 
 
 def success_tasks(job: Job) -> list[Task]:

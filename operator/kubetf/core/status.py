@@ -29,12 +29,16 @@ FINISHED = (SUCCEEDED, FAILED)
 # Task states kept in status.tasks.
 WAITING, CREATED, COMPLETED = "Waiting", "Created", "Succeeded"
 
-# A pod the scheduler has not placed yet is reported (a Warning) only once it waited this long: a claim the
-# provisioner binds a second later, or a node the autoscaler adds, is not worth a warning on every healthy job.
-SCHEDULING_GRACE_SECONDS = 30
 
-# A pod still there this long after its grace period ended is stuck: its kubelet is gone or wedged.
-STUCK_MARGIN_SECONDS = 15
+@dataclass(frozen=True)
+class Patience:
+    """How long a wait is normal (the operator's settings, kubetf.core.config): a pod the scheduler has not placed
+    for less than `scheduling_grace` is not worth a Warning (a claim bound a second later, a node an autoscaler
+    adds); an old pod still there `stuck_margin` after its grace period is stuck (its kubelet is gone or wedged)."""
+
+    scheduling_grace: float
+    stuck_margin: float
+
 
 # Container waiting reasons that mean "this will not start by itself".
 STUCK_WAITING_REASONS = {
@@ -107,14 +111,16 @@ def unscheduled_since(pod: Pod, not_before: float | None = None) -> float | None
     return None
 
 
-def pending_reason(pod: Pod, now: float | None = None, not_before: float | None = None) -> str | None:
+def pending_reason(
+    pod: Pod, now: float | None = None, not_before: float | None = None, grace: float = 0.0
+) -> str | None:
     """Why a pod that should run does not: the scheduler's or the kubelet's own words. With `now`, a scheduling
-    wait shorter than SCHEDULING_GRACE_SECONDS (counted from `not_before` at the earliest) is not a reason yet."""
+    wait shorter than `grace` (counted from `not_before` at the earliest) is not a reason yet."""
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             since = unscheduled_since(pod, not_before)
-            if now is not None and since is not None and now < since + SCHEDULING_GRACE_SECONDS:
+            if now is not None and since is not None and now < since + grace:
                 break
             return f"{condition.get('reason', 'Unschedulable')}: {condition.get('message', '')}".rstrip(": ")
     for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
@@ -175,6 +181,10 @@ def observe(job: Job, pods: list[Pod]) -> tuple[dict[str, TaskView], list[Pod]]:
     return views, orphans
 
 
+def all_running(views: dict[str, TaskView]) -> bool:
+    return all(v.state == COMPLETED or (v.pod is not None and is_started(v.pod)) for v in views.values())
+
+
 def replica_statuses(views: dict[str, TaskView]) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
     for view in views.values():
@@ -193,26 +203,29 @@ def replica_statuses(views: dict[str, TaskView]) -> dict[str, dict[str, int]]:
 
 
 def waiting_message(
-    views: dict[str, TaskView], job_name: str, now: float, not_before: float | None = None
+    views: dict[str, TaskView], job_name: str, now: float, not_before: float | None, patience: Patience
 ) -> tuple[str, str]:
     """(reason, message) for a job whose pods are not all running yet; `not_before`: when they could first start."""
     waiting = [v for v in views.values() if v.state != COMPLETED and not (v.pod is not None and is_started(v.pod))]
     total = sum(1 for v in views.values() if v.state != COMPLETED)
-    stuck = [(v, why) for v in waiting if v.pod is not None and (why := pending_reason(v.pod, now, not_before))]
+    grace = patience.scheduling_grace
+    stuck = [(v, why) for v in waiting if v.pod is not None and (why := pending_reason(v.pod, now, not_before, grace))]
     if stuck:
         view, why = stuck[0]
         reason = why.split(":", 1)[0]
         more = f" (and {len(stuck) - 1} more)" if len(stuck) > 1 else ""
         name = f"{job_name}-{view.role}-{view.index}"
         return reason, f"{len(waiting)}/{total} pods not running; {name}{more}: {why}"
-    old_pods = sorted((p for v in views.values() for p in v.stale), key=lambda p: not is_stuck_terminating(p, now))
+    margin = patience.stuck_margin
+    old_pods = [p for v in views.values() for p in v.stale]
+    old_pods.sort(key=lambda p: not is_stuck_terminating(p, now, margin))
     if old_pods and any(v.pod is None for v in waiting):
         old = old_pods[0]
         more = f" (and {len(old_pods) - 1} more)" if len(old_pods) > 1 else ""
         node = (old.get("spec") or {}).get("nodeName")
         where = f" on node {node}" if node else ""
         old_name = (old.get("metadata") or {}).get("name")
-        if is_stuck_terminating(old, now):
+        if is_stuck_terminating(old, now, margin):
             since = (old.get("metadata") or {}).get("deletionTimestamp")
             return "PodStuckTerminating", (
                 f"{len(waiting)}/{total} pods not running; the old pod {old_name}{more} is still terminating{where} "
@@ -225,15 +238,15 @@ def waiting_message(
     return "PodsStarting", f"{len(waiting)}/{total} pods not running yet"
 
 
-def stuck_terminating_at(pod: Pod) -> float | None:
+def stuck_terminating_at(pod: Pod, margin: float) -> float | None:
     """When a pod being deleted counts as stuck: its grace period is over (the API server sets deletionTimestamp
-    to the deletion plus the grace period) and the kubelet has had STUCK_MARGIN_SECONDS more to confirm."""
+    to the deletion plus the grace period) and the kubelet has had `margin` more to confirm."""
     due = parse_time((pod.get("metadata") or {}).get("deletionTimestamp"))
-    return due + STUCK_MARGIN_SECONDS if due is not None else None
+    return due + margin if due is not None else None
 
 
-def is_stuck_terminating(pod: Pod, now: float) -> bool:
-    at = stuck_terminating_at(pod)
+def is_stuck_terminating(pod: Pod, now: float, margin: float) -> bool:
+    at = stuck_terminating_at(pod, margin)
     return at is not None and now >= at
 
 
@@ -266,6 +279,15 @@ def set_condition(
             new["observedGeneration"] = generation
         conditions.append(new)
     status["conditions"] = conditions
+
+
+def set_phase(
+    status: dict[str, Any], phase: str, reason: str, message: str, now: float, generation: int | None
+) -> None:
+    """The job's phase and reason, and the condition that says them."""
+    status["phase"] = phase
+    status["reason"] = reason
+    set_condition(status, phase, reason, message, now, generation)
 
 
 def current_condition(status: dict[str, Any]) -> dict[str, Any] | None:

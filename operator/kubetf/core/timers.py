@@ -8,7 +8,7 @@ waiting in a queue or suspended never counts, however long:
   now - status.activeSince while active). A job preempted after 3 h of a 4 h deadline has 1 h left once readmitted.
 - `startupTimeoutSeconds`: per pod, from the moment it may start: its creation, or the job's latest admission when
   that came later. A pod gated by Kueue while the job waits counts nothing. Creates the API server refuses count
-  from the first refusal (status.createRejectedSince).
+  from the first refusal (status.createRejectedSince, kubetf.core.refusals).
 - the failure backoff (status.restartAfter) and `ttlSecondsAfterFinished` (from completionTime) are points in time:
   a restart keeps the job's admission, and a finished job waits for nothing.
 
@@ -25,6 +25,7 @@ from typing import Any
 from kubetf.core import api, kueue
 from kubetf.core import status as st
 from kubetf.core.api import Job
+from kubetf.core.status import TaskView
 
 Pod = dict[str, Any]
 
@@ -59,6 +60,22 @@ def account(status: dict[str, Any], clock: Clock, now: float, admitted_at: float
         status.pop("queuePosition", None)
 
 
+def account_job(
+    status: dict[str, Any], views: dict[str, TaskView], admission: kueue.Admission | None, now: float
+) -> None:
+    """Open or close the job's active period (`account`): it is active unless it waits for Kueue's admission."""
+    if kueue.waits_for_admission(views, admission):
+        account(status, Clock.QUEUED, now)
+        if admission is not None and admission.position is not None:
+            status["queuePosition"] = admission.position
+        else:
+            status.pop("queuePosition", None)
+        return
+    status.pop("queuePosition", None)
+    admitted_at = st.parse_time(admission.admitted_at) if admission is not None else None
+    account(status, Clock.ACTIVE, now, admitted_at)
+
+
 def active_seconds(status: dict[str, Any], now: float) -> float:
     """The job's active time so far."""
     since = st.parse_time(status.get("activeSince"))
@@ -89,13 +106,6 @@ def startup_due(job: Job, pod: Pod, status: dict[str, Any], admission: kueue.Adm
     return max(created, active_since) + timeout
 
 
-def create_retry_due(job: Job, status: dict[str, Any]) -> float | None:
-    """When refused creates (status.createRejectedSince) exceed startupTimeoutSeconds."""
-    timeout = api.run_policy(job).get("startupTimeoutSeconds")
-    since = st.parse_time(status.get(REFUSED_SINCE))
-    return since + timeout if timeout and since is not None else None
-
-
 def ttl_due(job: Job, status: dict[str, Any]) -> float | None:
     """When a finished job is deleted (ttlSecondsAfterFinished after completionTime)."""
     ttl = api.run_policy(job).get("ttlSecondsAfterFinished")
@@ -103,4 +113,46 @@ def ttl_due(job: Job, status: dict[str, Any]) -> float | None:
     return finished_at + ttl if ttl is not None and finished_at is not None else None
 
 
-REFUSED_SINCE = "createRejectedSince"  # status field: since when the job's creates have been refused
+def deadline_exceeded(job: Job, status: dict[str, Any], now: float) -> str | None:
+    """The failure's message once the job was active longer than activeDeadlineSeconds."""
+    due = deadline(job, status)
+    if due is None or now < due:
+        return None
+    seconds = api.run_policy(job)["activeDeadlineSeconds"]
+    return f"Job was active longer than activeDeadlineSeconds={seconds} (time queued or suspended not counted)"
+
+
+def startup_timeout(
+    job: Job, views: dict[str, TaskView], status: dict[str, Any], admission: kueue.Admission | None, now: float
+) -> tuple[str | None, float | None]:
+    """A pod that could not start within startupTimeoutSeconds of the moment it may: the failure's message, else
+    when the next pod's time runs out."""
+    next_due = None
+    for view in views.values():
+        pod = view.pod
+        if pod is None or st.is_deleting(pod) or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+            continue
+        due = startup_due(job, pod, status, admission)
+        if due is None:
+            continue
+        if now >= due:
+            # The scheduler's words even inside their grace period: they say why, better than no reason at all.
+            why = st.pending_reason(pod) or "containers not started"
+            name = (pod.get("metadata") or {}).get("name")
+            timeout = api.run_policy(job)["startupTimeoutSeconds"]
+            return f"{name} was not running startupTimeoutSeconds={timeout} after it could start: {why}", None
+        next_due = due if next_due is None else min(next_due, due)
+    return None, next_due
+
+
+def warnings_due(views: dict[str, TaskView], status: dict[str, Any], now: float, patience: st.Patience) -> float | None:
+    """When a wait becomes worth reporting: a pod unscheduled past the scheduling grace, an old pod still
+    terminating past its grace period (no event comes then: the reconcile must be woken)."""
+    started = st.parse_time(status.get("activeSince"))
+    upcoming = []
+    for view in views.values():
+        since = st.unscheduled_since(view.pod, started) if view.pod is not None else None
+        if since is not None:
+            upcoming.append(since + patience.scheduling_grace)
+        upcoming += [at for old in view.stale if (at := st.stuck_terminating_at(old, patience.stuck_margin))]
+    return min((at for at in upcoming if at > now), default=None)
