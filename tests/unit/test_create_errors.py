@@ -6,8 +6,10 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.cluster.kube import Kube, Refused, refusal
-from kubetf.core import reconcile
-from kubetf.core.reconcile import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
+from kubetf.core import reconcile, refusals
+from kubetf.core.config import OperatorConfig
+from kubetf.core.plan import Observed
+from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 from tests.cluster.fixture import wait_for
 
 from .jobs import job, replica
@@ -368,9 +370,9 @@ def test_the_refusal_reason_stays_until_the_creates_go_through():
         "phase": "Pending",
         "reason": "CreateRejected",
         "conditions": [{"type": "Pending", "status": "True", "reason": "CreateRejected", "message": "m"}],
-        reconcile.REFUSED_SINCE: "2027-01-15T08:00:00Z",
+        refusals.REFUSED_SINCE: "2027-01-15T08:00:00Z",
     }
-    plan = reconcile.plan(document, [], T0 + 5)
+    plan = reconcile.plan(Observed(document, [], T0 + 5), OperatorConfig())
     assert plan.status["reason"] == "CreateRejected" and plan.events == []
     assert len(plan.create) == 3
 

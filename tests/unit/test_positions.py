@@ -42,7 +42,8 @@ def job(name):
 
 def tracking(count, pending, **config):
     queue = Queue()
-    positions = QueuePositions(Visibility(pending), Store(), queue, OperatorConfig(**config), clock=lambda: 0.0)
+    store = Store(tombstone_seconds=300)
+    positions = QueuePositions(Visibility(pending), store, queue, OperatorConfig(**config), clock=lambda: 0.0)
     jobs = [job(f"j{i}") for i in range(count)]
     for document in jobs:
         positions.track(("team-a", document["metadata"]["name"]), document, kueue.Admission("lq", "cq"))

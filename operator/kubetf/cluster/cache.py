@@ -22,9 +22,6 @@ Key = tuple[str, str]  # (namespace, name)
 Obj = dict[str, Any]
 
 _DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
-# How long the uid of a deleted object is remembered, so that a list taken before the deletion but stored after
-# it cannot bring the object back. Lists are never older than a few seconds when stored.
-TOMBSTONE_SECONDS = 300.0
 
 
 def resource_version(obj: Mapping[str, Any]) -> int:
@@ -125,7 +122,10 @@ def _encode(obj: Obj) -> str:
 class Store:
     """Thread-safe: the watch handlers write, the reconcile workers read."""
 
-    def __init__(self) -> None:
+    def __init__(self, tombstone_seconds: float) -> None:
+        """`tombstone_seconds`: how long the uid of a deleted object is remembered, so that a list taken before the
+        deletion but stored after it cannot bring the object back (lists are a few seconds old when stored)."""
+        self.tombstone_seconds = tombstone_seconds
         self.lock = threading.Lock()
         self.jobs: dict[Key, tuple[int, str]] = {}
         # job -> pod name -> (resourceVersion, slim JSON, signature, uid)
@@ -144,7 +144,7 @@ class Store:
     def _bury(self, uid: str) -> None:
         now = time.monotonic()
         self.tombstones[uid] = now
-        while self.tombstones and next(iter(self.tombstones.values())) < now - TOMBSTONE_SECONDS:
+        while self.tombstones and next(iter(self.tombstones.values())) < now - self.tombstone_seconds:
             self.tombstones.popitem(last=False)
 
     def _buried(self, obj: Mapping[str, Any]) -> bool:

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import urllib3
@@ -23,8 +22,9 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.cluster import metrics
+from kubetf.cluster.kube_api import Creation, LogUnreadable, NotLeader, NotServed, Refused
 from kubetf.core import api, kueue
-from kubetf.core.reconcile import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
+from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 
 log = logging.getLogger("kubetf.cluster.kube")
 
@@ -33,18 +33,6 @@ Obj = dict[str, Any]
 # The objects of the operator's domain: writing them is the leader's alone (leases are not among them).
 GUARDED_RESOURCES = {api.PLURAL, f"{api.PLURAL}/status", "pod", "pods", "service", "persistentvolumeclaim", "events"}
 PAGE_SIZE = 500
-
-
-class NotLeader(Exception):
-    """A write refused because this operator does not hold the leader lease (any more)."""
-
-
-class Refused(Exception):
-    """The API server would not create one of a job's objects; `refusal` says why, classified."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(f"{refusal.kind} {refusal.name}: {refusal.message}")
-        self.refusal = refusal
 
 
 def refusal(obj: Obj, error: Exception) -> Refusal | None:
@@ -72,19 +60,6 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
-class NotServed(Exception):
-    """The cluster does not serve this API to the operator: not installed (404), no RBAC for it (403), or its
-    aggregated API server unavailable (503)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-
-
-class LogUnreadable(Exception):
-    """The API server could not get a pod's log from its node (the status and the server's own words)."""
-
-
 def _message(error: ApiException) -> str:
     try:
         return str(json.loads(error.body)["message"])
@@ -100,16 +75,6 @@ def _short(error: BaseException) -> str:
 
 def _namespace_terminating(error: ApiException) -> bool:
     return error.status == 403 and "NamespaceTerminating" in str(error.body)
-
-
-@dataclass
-class Creation:
-    """What one batched creation did: created objects, names not created and why (a name already taken is
-    neither: the watch shows that object)."""
-
-    created: list[Obj] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    error: Exception | None = None
 
 
 class RateLimiter:
@@ -150,6 +115,7 @@ class Kube:
         timeout: tuple[float, float] = (5, 30),
         may_write: Callable[[], bool] | None = None,
         instance: str | None = None,
+        log_timeout: tuple[float, float] = (2, 4),
     ) -> None:
         configuration = client.Configuration.get_default_copy()
         configuration.connection_pool_maxsize = 32
@@ -158,7 +124,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(self.api_client)
         self.coordination = client.CoordinationV1Api(self.api_client)
         self.limiter = RateLimiter(qps, burst)
-        self.timeout = timeout
+        self.timeout, self.log_timeout = timeout, log_timeout
         self.may_write = may_write
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kubetf-api")
         self.instance = instance or socket.gethostname()
@@ -345,37 +311,29 @@ class Kube:
         whose = f"{owners[0].get('kind')} {owners[0].get('name')} uid {owners[0].get('uid')}" if owners else "no owner"
         return Refusal(NAME_IN_USE, kind, name, f"{kind} {name} exists and is not this job's ({whose})")
 
-    def create_all(self, objects: Iterable[Obj]) -> list[Obj]:
-        """Create in parallel; returns those this call created (a name already taken is for the next reconcile)."""
-        return [created for created in self.pool.map(self.create, objects) if created is not None]
-
-    def create_batched(self, objects: list[Obj], first_batch: int) -> Creation:
-        """Create in parallel batches that double in size from `first_batch`; stop after a batch with an error,
-        so an object the API server refuses costs a few calls, not one per replica (the Job controller's
-        slow start)."""
+    def create_batches(self, batches: list[list[Obj]]) -> Creation:
+        """Create each batch in parallel, one after the other; stop after a batch with an error, so an object the
+        API server refuses costs a few calls, not one per replica (the Job controller's slow start)."""
         result = Creation()
-        start, size = 0, max(1, first_batch)
-        while start < len(objects):
-            batch = objects[start : start + size]
+        for done, batch in enumerate(batches):
             outcomes = list(self.pool.map(self._create_outcome, batch))
             for obj, outcome in zip(batch, outcomes, strict=True):
-                name = obj["metadata"]["name"]
                 if isinstance(outcome, Exception):
-                    result.skipped.append(name)
+                    result.skipped.append(obj["metadata"]["name"])
                     result.error = result.error or outcome
                 elif outcome is not None:
                     result.created.append(outcome)
-            start += len(batch)
             if result.error is not None:
-                result.skipped += [o["metadata"]["name"] for o in objects[start:]]
+                result.skipped += [o["metadata"]["name"] for later in batches[done + 1 :] for o in later]
                 break
-            size *= 2
+        if isinstance(result.error, Refused):
+            result.refusal, result.error = result.error.refusal, None
         return result
 
     def _create_outcome(self, obj: Obj) -> Obj | Exception | None:
         try:
             return self.create(obj)
-        except Exception as error:  # reported by create_batched, raised by its caller
+        except Exception as error:  # reported by create_batches, raised by its caller
             return error
 
     def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> list[Obj]:
@@ -496,13 +454,8 @@ class Kube:
             if error.status not in (403, 404):
                 raise
 
-    def node_lost(self, name: str) -> bool:
-        """The node is gone, or its Ready condition is not True (NotReady, or Unknown: it stopped reporting)."""
-        node = self._get("nodes", self.core.read_node, name)
-        if node is None:
-            return True
-        ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
-        return not ready or ready[0].get("status") != "True"
+    def get_node(self, name: str) -> Obj | None:
+        return self._get("nodes", self.core.read_node, name)
 
     def get_pod(self, namespace: str, name: str) -> Obj | None:
         return self._get("pods", self.core.read_namespaced_pod, name, namespace)
@@ -525,7 +478,7 @@ class Kube:
         try:
             response = self.core.read_namespaced_pod_log(
                 meta["name"], meta["namespace"], container=container, since_seconds=since_seconds,
-                limit_bytes=limit_bytes, _preload_content=False, _request_timeout=self.timeout,
+                limit_bytes=limit_bytes, _preload_content=False, _request_timeout=self.log_timeout,
             )  # fmt: skip
         except ApiException as error:
             metrics.API_ERRORS.labels(verb="get", resource="pods/log", code=str(error.status)).inc()
@@ -587,4 +540,6 @@ class Kube:
             if error.status in (409, 429) or (error.status or 0) >= 500:
                 raise  # transient: the reconcile fails before the status records the decision, and posts it again
             # Refused for good (forbidden, invalid, namespace going away): never worth failing a reconcile for.
-            log.warning("could not record event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], error)
+            level = logging.DEBUG if _namespace_terminating(error) else logging.WARNING
+            log.log(level, "could not record event %s on %s/%s: %s %s", reason, meta["namespace"], meta["name"],
+                    error.status, _message(error))  # fmt: skip

@@ -153,6 +153,9 @@ class Expectations(Generic[Key]):
         self.deferred: dict[Key, int] = {}  # key -> the most urgent priority it was deferred at
 
     def expect(self, key: Key, creations: Iterable[str] = (), deletions: Iterable[str] = ()) -> None:
+        creations, deletions = list(creations), list(deletions)
+        if not creations and not deletions:
+            return  # nothing new: a wait under way keeps its deadline
         with self.lock:
             entry = self.pending.setdefault(key, _Pending())
             entry.creations.update(creations)

@@ -7,7 +7,7 @@ condition and `status.queuePosition` say it. Those reconciles write, so they are
 place until the next read. 5,000 queued jobs moving up one place cost a few writes a second, not a storm.
 
 Where Kueue does not serve the API (a Kueue without it, no RBAC for it, its APIService unavailable) the jobs say
-nothing of a position, and the operator asks again every `POSITIONS_UNAVAILABLE_SECONDS`. A namespaced install
+nothing of a position, and the operator asks again after `positions_unavailable_recheck`. A namespaced install
 (no cluster-wide RBAC) reads each LocalQueue's pending Workloads instead, which carry the same ClusterQueue
 positions.
 """
@@ -28,7 +28,6 @@ from kubetf.core.config import OperatorConfig
 log = logging.getLogger("kubetf.runtime.positions")
 
 PAGE = 1000  # the visibility API's own default and maximum page
-POSITIONS_UNAVAILABLE_SECONDS = 600.0
 RESYNC = 2  # the work queue's lowest priority (controller.RESYNC): a place in a queue is never urgent
 
 
@@ -102,10 +101,10 @@ class QueuePositions:
                 self.cluster_wide = False  # a namespaced install: LocalQueues, next time
                 log.info("no access to ClusterQueues' pending workloads; reading each LocalQueue's instead")
                 return
-            self.unavailable_until = self.clock() + POSITIONS_UNAVAILABLE_SECONDS
+            self.unavailable_until = self.clock() + self.config.positions_unavailable_recheck
             log.warning("Kueue's visibility API (%s/%s) does not answer (%s): queued jobs say nothing of their "
                         "position; asking again in %.0fs", kueue.VISIBILITY_GROUP, kueue.VISIBILITY_VERSION,
-                        error.status, POSITIONS_UNAVAILABLE_SECONDS)  # fmt: skip
+                        error.status, self.config.positions_unavailable_recheck)  # fmt: skip
             return
         moved = sorted(
             ((found.get((ns, group)), key, (ns, group)) for key, (ns, group, _, _) in tracked.items()),

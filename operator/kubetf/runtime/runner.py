@@ -70,7 +70,10 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
             return 0
     else:
         log.info("kubetf operator %s serving %s (no leader election)", config.identity, where)
-    kube = Kube(config.qps, config.burst, may_write=elector.is_leader if elector else None, instance=config.identity)
+    kube = Kube(
+        config.qps, config.burst, config.api_timeout, may_write=elector.is_leader if elector else None,
+        instance=config.identity, log_timeout=config.log_timeout,
+    )  # fmt: skip
     controller = Controller(kube, config)
     if elector is not None:
         elector.on_change = controller.leadership
