@@ -1,14 +1,15 @@
 """The reconcile shell (`Controller`) on an in-memory API: cache, expectations, priorities, batching, backoff."""
 
 import dataclasses
+import socket
 import threading
 import time
 
 import pytest
+from kubernetes import client
 
 from kubetf.cluster.kube import Kube, NotLeader
-from kubetf.core import sigterm
-from kubetf.core.config import OperatorConfig
+from kubetf.core.config import DEFAULTS, OperatorConfig
 from kubetf.runtime.controller import NORMAL, RESYNC, URGENT, Controller
 from tests.cluster.fixture import wait_for
 
@@ -222,13 +223,23 @@ def test_writes_are_refused_without_the_lease_before_anything_is_sent():
 def test_config_defaults_are_stated_once():
     from kubetf.cli import main as cli
 
-    parser = cli.build_parser()
-    args = parser.parse_args(["operator"])
-    defaults = OperatorConfig()
-    assert (args.qps, args.burst, args.workers) == (defaults.qps, defaults.burst, defaults.workers)
+    assert cli.operator_config(cli.build_parser().parse_args(["operator"])) == OperatorConfig()
     from kubetf.runtime.runner import where_it_runs
 
-    assert where_it_runs(dataclasses.replace(defaults, identity="x")).identity == "x"
+    assert where_it_runs(dataclasses.replace(OperatorConfig(), identity="x")).identity == "x"
+
+
+def test_the_timing_an_operator_of_the_cluster_tunes_comes_from_flags(capsys):
+    from kubetf.cli import main as cli
+
+    parser = cli.build_parser()
+    flags = ["operator", "--node-monitor-grace-period", "40", "--api-timeout", "3,10", "--scheduling-grace", "5"]
+    config = cli.operator_config(parser.parse_args(flags))
+    assert (config.node_monitor_grace, config.api_timeout, config.scheduling_grace) == (40.0, (3.0, 10.0), 5.0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["operator", "--log-timeout", "4"])
+    assert "--log-timeout: expected CONNECT,READ seconds (like 5,30), got '4'" in capsys.readouterr().err
+    assert "--api-timeout" in cli.operator_config(parser.parse_args(["operator", "--api-timeout", "0,1"])).problem()
 
 
 def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for():
@@ -347,7 +358,7 @@ def test_a_program_that_saves_on_sigterm_keeps_the_pods_own_grace_period():
     shell.now = T0 + 6
     shell.controller.reconcile(shell.key)
     assert _deletions(shell) == ["delete Pod", "delete Pod"]  # with their own grace period
-    assert shell.api.calls.count("read log mnist-worker-1") == len(sigterm.CHECKS_AFTER_SIGTERM)
+    assert shell.api.calls.count("read log mnist-worker-1") == len(DEFAULTS.sigterm_checks)
     assert not [r for _, r, _ in shell.api.recorded if r == "SigtermIgnored"]
 
 
@@ -371,20 +382,31 @@ def test_a_member_whose_pod_is_already_gone_gets_the_rest_of_its_group_deleted_a
     assert not any(c.startswith("read log") for c in shell.api.calls)
 
 
-def test_pods_deleted_at_the_end_have_their_logs_left_alone():
+def test_pods_deleted_at_the_end_go_at_once_and_have_their_logs_left_alone():
     shell = Shell(mwms()).running()
     _training(shell, *shell.api.pods)
     _ended(shell, "mnist-chief-0", "Succeeded")
-    for seconds in (0, 2, 4, 6):  # Succeeded: the workers still running are deleted (cleanPodPolicy), one first
-        shell.now = T0 + seconds
-        shell.controller.reconcile(shell.key)
-        shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)  # Succeeded: the workers still running are deleted (cleanPodPolicy)
     assert shell.status()["phase"] == "Succeeded" and _deletions(shell) == ["delete Pod", "delete Pod"]
+    shell.api.deliver(shell.controller)
     shell.api.calls.clear()
-    for seconds in (8, 10, 12, 14):  # both terminating, with nothing left to decide
+    for seconds in (2, 4, 6, 8):  # both terminating, with nothing left to decide
         shell.now = T0 + seconds
         shell.controller.reconcile(shell.key)
     assert not any(c.startswith("read log") for c in shell.api.calls)
+
+
+def test_suspending_deletes_every_pod_at_once_with_its_own_grace_period():
+    for document in (mwms(), job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1))):
+        shell = Shell(document).running()
+        _training(shell, *shell.api.pods)
+        shell.api.jobs[shell.key]["spec"]["runPolicy"] = {"suspend": True}
+        shell.api.update_job(shell.key)
+        shell.api.deliver(shell.controller)
+        shell.api.calls.clear()
+        shell.controller.reconcile(shell.key)
+        assert _deletions(shell) == ["delete Pod"] * len(shell.api.pods), document["spec"]["strategy"]
+        assert not any(c.startswith("read log") for c in shell.api.calls)
 
 
 def test_a_restart_after_a_failure_deletes_the_group_at_once():
@@ -459,3 +481,41 @@ def test_namespace_patterns_list_everything_and_keep_only_what_they_match():
     restarted = Controller(shell.api, shell.controller.config, clock=lambda: shell.now)
     restarted.prime()
     assert restarted.store.job_count() == 0
+
+
+def test_a_kubelet_that_does_not_answer_holds_a_reconcile_for_the_log_timeout_only():
+    """Logs come through the pod's node: a silent kubelet (a partitioned node) must not hold one of the reconcile
+    workers for the API's 30 s read timeout. The group restart then goes ahead as if the log were unreadable."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections, never answers
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    before = client.Configuration.get_default_copy()
+    client.Configuration.set_default(configuration)
+    try:
+        config = OperatorConfig(log_timeout=(0.5, 0.5))
+        kube = Kube(config.qps, config.burst, config.api_timeout, log_timeout=config.log_timeout)
+        pod = {"metadata": {"name": "mnist-worker-1", "namespace": "team-a", "uid": "u"}}
+        started = time.monotonic()
+        with pytest.raises(Exception):  # noqa: B017 - whichever way urllib3 reports the timeout
+            kube.pod_log_tail(pod, "tensorflow", 5, 1024)
+        assert time.monotonic() - started < 5
+    finally:
+        client.Configuration.set_default(before)
+        silent.close()
+    assert DEFAULTS.log_timeout[0] + DEFAULTS.log_timeout[1] <= 10  # a few seconds by default, not 30
+
+
+def test_a_deleted_jobs_sigterm_watch_and_deferred_reconcile_are_dropped():
+    shell = Shell(mwms()).running()
+    _evicted(shell, "mnist-worker-1")
+    shell.controller.reconcile(shell.key)  # holds the group restart while worker-1's log is looked at
+    assert shell.key in shell.controller.executor.sigterm
+    shell.controller.expectations.expect(shell.key, creations=["never-shown"])
+    assert shell.controller.expectations.defer(shell.key, NORMAL) is not None
+    shell.api.delete_job(*shell.key)
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    assert shell.key not in shell.controller.executor.sigterm
+    assert shell.key not in shell.controller.expectations.deferred

@@ -225,25 +225,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 1 if done.failed else 0
 
 
+def operator_config(args: argparse.Namespace) -> OperatorConfig:
+    settings = {setting: getattr(args, setting) for _, setting, _, _ in OPERATOR_SETTINGS}
+    return OperatorConfig(
+        namespaces=tuple(args.namespace or ()), leader_election=args.leader_election, verbose=args.verbose, **settings
+    )
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from kubetf.runtime import runner
 
     kube.load_config(args.kubeconfig)
-    config = OperatorConfig(
-        namespaces=tuple(args.namespace or ()),
-        qps=args.qps,
-        burst=args.burst,
-        workers=args.workers,
-        leader_election=args.leader_election,
-        lease_namespace=args.lease_namespace,
-        lease_name=args.lease_name,
-        lease_duration=args.lease_duration,
-        renew_deadline=args.renew_deadline,
-        retry_period=args.retry_period,
-        resync_seconds=args.resync_seconds,
-        queue_position_seconds=args.queue_position_seconds,
-        verbose=args.verbose,
-    )
+    config = operator_config(args)
     problem = config.problem()
     if problem:
         print(f"kubetf operator: {problem}", file=sys.stderr)
@@ -318,6 +311,105 @@ def _file_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("-f", "--filename", dest="file", required=True, metavar="FILE", help=help_text)
 
 
+def _seconds_pair(text: str) -> tuple[float, float]:
+    try:
+        connect, read = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CONNECT,READ seconds (like 5,30), got {text!r}") from None
+    return connect, read
+
+
+# The settings a cluster's operator tunes: (flag, OperatorConfig field, type, help). Defaults come from DEFAULTS.
+OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
+    ("--qps", "qps", float, "client-side API rate limit, requests/s"),
+    ("--burst", "burst", int, "requests allowed above --qps in a burst"),
+    ("--workers", "workers", int, "jobs reconciled in parallel"),
+    ("--lease-namespace", "lease_namespace", str, "namespace of the leader Lease (in a pod: the pod's own namespace)"),
+    ("--lease-name", "lease_name", str, "name of the leader Lease"),
+    (
+        "--lease-duration",
+        "lease_duration",
+        float,
+        "seconds a standby waits for an unrenewed lease before it takes over",
+    ),
+    (
+        "--renew-deadline",
+        "renew_deadline",
+        float,
+        "seconds the leader goes on writing without a renewal (less than --lease-duration)",
+    ),
+    ("--retry-period", "retry_period", float, "seconds between renewals and attempts"),
+    (
+        "--resync-seconds",
+        "resync_seconds",
+        float,
+        "re-list every job, pod and Workload this often, in case a watch missed an event",
+    ),
+    (
+        "--queue-position-seconds",
+        "queue_position_seconds",
+        float,
+        "read Kueue's queue positions this often (its visibility API)",
+    ),
+    ("--queue-position-writes", "queue_position_writes", float, "status writes of queue positions allowed per second"),
+    (
+        "--expectations-timeout",
+        "expectations_timeout",
+        float,
+        "seconds a reconcile waits for the watch to show the operator's own creates and deletes",
+    ),
+    ("--api-timeout", "api_timeout", _seconds_pair, "CONNECT,READ seconds of every API request"),
+    (
+        "--log-timeout",
+        "log_timeout",
+        _seconds_pair,
+        "CONNECT,READ seconds of a pod log read (through the node's kubelet, which may not answer)",
+    ),
+    (
+        "--node-monitor-grace-period",
+        "node_monitor_grace",
+        float,
+        "the cluster's kube-controller-manager --node-monitor-grace-period: how long before Unknown a node went silent",
+    ),
+    (
+        "--scheduling-grace",
+        "scheduling_grace",
+        float,
+        "seconds a pod may stay unscheduled before it is worth a warning",
+    ),
+    (
+        "--stuck-margin",
+        "stuck_margin",
+        float,
+        "seconds past its grace period after which a terminating pod is reported stuck",
+    ),
+)
+
+
+def _operator_arguments(operator: argparse.ArgumentParser) -> None:
+    operator.add_argument(
+        "-n", "--namespace", action="append", help="watch this namespace (repeatable); default: all namespaces"
+    )
+    operator.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else KUBECONFIG)")
+    operator.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz here (0: off)")
+    operator.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here (0: off)")
+    operator.add_argument(
+        "--log-format", choices=["json", "plain", "full"], default="json", help="full: plain with timestamps"
+    )
+    operator.add_argument(
+        "--no-leader-election", dest="leader_election", action="store_false",
+        help="act at once, without the Lease (only when no other kubetf operator can run)",
+    )  # fmt: skip
+    for flag, setting, kind, text in OPERATOR_SETTINGS:
+        default = getattr(DEFAULTS, setting)
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        metavar = "CONNECT,READ" if kind is _seconds_pair else None
+        operator.add_argument(
+            flag, dest=setting, type=kind, default=default, metavar=metavar, help=f"{text} (default: {shown})"
+        )
+    operator.add_argument("-v", "--verbose", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubetf", description="Run distributed TensorFlow training on Kubernetes with TrainingJobs."
@@ -384,47 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     delete_cmd.set_defaults(handler=cmd_delete)
 
     operator = commands.add_parser("operator", help="run the operator (in a cluster or against a kubeconfig)")
-    operator.add_argument(
-        "-n", "--namespace", action="append", help="watch this namespace (repeatable); default: all namespaces"
-    )
-    operator.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else KUBECONFIG)")
-    operator.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz here (0: off)")
-    operator.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here (0: off)")
-    operator.add_argument(
-        "--log-format", choices=["json", "plain", "full"], default="json", help="full: plain with timestamps"
-    )
-    operator.add_argument("--qps", type=float, default=DEFAULTS.qps, help="client-side API rate limit, requests/s")
-    operator.add_argument("--burst", type=int, default=DEFAULTS.burst, help="requests allowed above --qps in a burst")
-    operator.add_argument("--workers", type=int, default=DEFAULTS.workers, help="jobs reconciled in parallel")
-    operator.add_argument(
-        "--no-leader-election", dest="leader_election", action="store_false",
-        help="act at once, without the Lease (only when no other kubetf operator can run)",
-    )  # fmt: skip
-    operator.add_argument(
-        "--lease-namespace", default=DEFAULTS.lease_namespace,
-        help="namespace of the leader Lease (in a pod: the pod's own namespace)",
-    )  # fmt: skip
-    operator.add_argument("--lease-name", default=DEFAULTS.lease_name, help="name of the leader Lease")
-    operator.add_argument(
-        "--lease-duration", type=float, default=DEFAULTS.lease_duration,
-        help="seconds a standby waits for an unrenewed lease before it takes over",
-    )  # fmt: skip
-    operator.add_argument(
-        "--renew-deadline", type=float, default=DEFAULTS.renew_deadline,
-        help="seconds the leader goes on writing without a renewal (less than --lease-duration)",
-    )  # fmt: skip
-    operator.add_argument(
-        "--retry-period", type=float, default=DEFAULTS.retry_period, help="seconds between renewals and attempts"
-    )
-    operator.add_argument(
-        "--resync-seconds", type=float, default=DEFAULTS.resync_seconds,
-        help="re-list every job, pod and Workload this often, in case a watch missed an event",
-    )  # fmt: skip
-    operator.add_argument(
-        "--queue-position-seconds", type=float, default=DEFAULTS.queue_position_seconds,
-        help="read Kueue's queue positions this often (its visibility API)",
-    )  # fmt: skip
-    operator.add_argument("-v", "--verbose", action="store_true")
+    _operator_arguments(operator)
     operator.set_defaults(handler=cmd_operator)
     return parser
 

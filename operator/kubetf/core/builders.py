@@ -177,17 +177,27 @@ def desired_pod(job: Job, role: str, index: int, attempt: int = 0) -> dict[str, 
     pod_spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
     pod_spec.setdefault("enableServiceLinks", False)
 
-    index_of_training = api.training_container_index(pod_spec)
-    container = pod_spec["containers"][index_of_training]
+    container = pod_spec["containers"][api.training_container_index(pod_spec)]
+    _training_container(container, job, role, index)
+    _tolerations(pod_spec, container, job, replica.get("gpus"))
+    if spec.get("checkpoint"):
+        _checkpoint_volume(pod_spec, container, job)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _training_container(container: dict[str, Any], job: Job, role: str, index: int) -> None:
     ours = task_env(job, role, index)
     container["env"] = [e for e in container.get("env") or [] if e.get("name") not in ours] + [
         {"name": key, "value": value} for key, value in ours.items()
     ]
     # A program that fails leaves its last log lines as the termination message: the restart's reason quotes them.
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    ports = [p for p in container.get("ports") or [] if p.get("containerPort") != spec["port"]]
-    container["ports"] = [*ports, {"name": PORT_NAME, "containerPort": spec["port"], "protocol": "TCP"}]
+    port = job["spec"]["port"]
+    ports = [p for p in container.get("ports") or [] if p.get("containerPort") != port]
+    container["ports"] = [*ports, {"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}]
 
+
+def _tolerations(pod_spec: dict[str, Any], container: dict[str, Any], job: Job, gpus: int | None) -> None:
     # A lost node's pods are evicted after nodeLossTimeoutSeconds, not Kubernetes' 300 s: a training task on a
     # node that stopped reporting is lost to its peers long before that.
     tolerations = pod_spec.setdefault("tolerations", [])
@@ -197,24 +207,19 @@ def desired_pod(job: Job, role: str, index: int, attempt: int = 0) -> dict[str, 
             tolerations.append(
                 {"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
             )
-
-    gpus = replica.get("gpus")
     if gpus:
-        resources = container.setdefault("resources", {})
-        resources.setdefault("limits", {})[api.GPU_RESOURCE] = gpus
-        tolerations = pod_spec.setdefault("tolerations", [])
+        container.setdefault("resources", {}).setdefault("limits", {})[api.GPU_RESOURCE] = gpus
         if not any(t.get("key") == api.GPU_RESOURCE for t in tolerations):
             tolerations.append({"key": api.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
 
-    checkpoint = spec.get("checkpoint")
-    if checkpoint:
-        pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != CHECKPOINT_VOLUME] + [
-            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc_name(job)}}
-        ]
-        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME]
-        container["volumeMounts"] = [*mounts, {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint["mountPath"]}]
 
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+def _checkpoint_volume(pod_spec: dict[str, Any], container: dict[str, Any], job: Job) -> None:
+    pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != CHECKPOINT_VOLUME] + [
+        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": pvc_name(job)}}
+    ]
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME]
+    mount_path = job["spec"]["checkpoint"]["mountPath"]
+    container["volumeMounts"] = [*mounts, {"name": CHECKPOINT_VOLUME, "mountPath": mount_path}]
 
 
 def desired_pods(job: Job, attempts: dict[tuple[str, int], int] | None = None) -> list[dict[str, Any]]:
