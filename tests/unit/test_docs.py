@@ -1,5 +1,5 @@
-"""The catalog of status reasons matches both the code (every reason it can write is in `kubetf.reasons`) and
-docs/status-reasons.md (the same tables)."""
+"""The documentation: links that resolve, a short README, and a catalog of status reasons that matches both the
+code (every reason it can write is in `kubetf.reasons`) and docs/status-reasons.md (the same tables)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,28 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "operator" / "kubetf"
 DOCS = REPO / "docs"
+README_MAX_LINES = 160
+# Every Markdown file a reader is sent to: the README, docs/, and the READMEs that stay beside their code.
+MARKDOWN = sorted(
+    [
+        REPO / "README.md",
+        *DOCS.glob("*.md"),
+        REPO / "helm" / "kubetf" / "README.md",
+        REPO / "trainer_image" / "README.md",
+        REPO / "tests" / "cluster" / "README.md",
+    ]
+)
+EXPECTED_DOCS = {
+    "api.md",
+    "restarts.md",
+    "kueue.md",
+    "migrating-from-tfjob.md",
+    "operating.md",
+    "development.md",
+    "status-reasons.md",
+    "troubleshooting.md",
+    "compatibility.md",
+}
 
 
 def reasons_module() -> ModuleType:
@@ -27,6 +49,115 @@ def reasons_module() -> ModuleType:
         except ModuleNotFoundError:
             continue
     raise AssertionError("no kubetf.reasons module")
+
+
+# ---------------------------------------------------------------------- Markdown: links and headings
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+LINK = re.compile(r"(?<!!)\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+INLINE_CODE = re.compile(r"`[^`]*`")
+
+
+def prose_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks, inline code removed."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield number, INLINE_CODE.sub("", line)
+
+
+def headings(text: str) -> list[str]:
+    fenced, found = False, []
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)):
+            found.append(match.group(1))
+    return found
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text as rendered (links and code by their text, emphasis marks
+    dropped), lowercased, punctuation but '-' and '_' removed, each space a '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "")
+    text = re.sub(r"(\*+|(?<!\w)_+|_+(?!\w))", "", text)
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in headings(path.read_text()):
+        base = slug(heading)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def relative_links(path: Path) -> Iterator[tuple[int, str]]:
+    for number, line in prose_lines(path.read_text()):
+        for target in LINK.findall(line):
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):  # http:, https:, mailto: ...
+                yield number, target
+
+
+def test_slugs_follow_githubs_rules() -> None:
+    assert slug("What counts time") == "what-counts-time"
+    assert slug("Moving from Kubeflow's `TFJob`") == "moving-from-kubeflows-tfjob"
+    assert slug("HA and the Lease (flags)") == "ha-and-the-lease-flags"
+    assert slug("`make test`: stages, serial tests") == "make-test-stages-serial-tests"
+    assert slug("Status: `kubectl get tj`") == "status-kubectl-get-tj"
+    assert slug("runPolicy.startupTimeoutSeconds") == "runpolicystartuptimeoutseconds"
+    assert slug("clean_pod_policy") == "clean_pod_policy"
+
+
+def test_the_documentation_pages_exist() -> None:
+    assert {p.name for p in DOCS.glob("*.md")} >= EXPECTED_DOCS
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(path: Path) -> None:
+    broken = []
+    for number, target in relative_links(path):
+        file_part, _, anchor = target.partition("#")
+        destination = (path.parent / file_part).resolve() if file_part else path
+        where = f"{path.relative_to(REPO)}:{number}: {target}"
+        if not destination.exists():
+            broken.append(f"{where}: no such file")
+        elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
+            broken.append(f"{where}: no heading #{anchor} in {destination.relative_to(REPO)}")
+        elif anchor and destination.suffix != ".md":
+            broken.append(f"{where}: an anchor into a file that is not Markdown")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_checker_sees_links_and_broken_ones(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# Top\n## Two words\n")
+    page = tmp_path / "b.md"
+    page.write_text(
+        "[ok](a.md#two-words) [web](https://example.com) `[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n"
+        "[bad](a.md#three) [gone](missing.md)\n"
+    )
+    assert list(relative_links(page)) == [(1, "a.md#two-words"), (5, "a.md#three"), (5, "missing.md")]
+    assert anchors(tmp_path / "a.md") == {"top", "two-words"}
+
+
+def test_the_readme_stays_short() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines: move detail into docs/"
+
+
+def test_the_readme_starts_with_the_two_commands() -> None:
+    text = (REPO / "README.md").read_text()
+    first = text.split("\n## ", 1)[0]
+    assert "make demo" in first and "make test" in first, "`make demo` and `make test` come first"
+    for page in sorted(EXPECTED_DOCS):
+        assert f"docs/{page}" in text, f"the README links docs/{page}"
 
 
 # ---------------------------------------------------------------------- the catalog against docs/status-reasons.md
