@@ -45,7 +45,7 @@ PS = ps_spec(**RUN_POLICY)
 
 
 def restarted_tasks(strategy: str, task: str) -> list[str]:
-    """The README's rule: what restarts when `task` ends abnormally."""
+    """docs/restarts.md's rule: what restarts when `task` ends abnormally."""
     if strategy == "MultiWorkerMirrored":
         return ["chief-0", "worker-0", "worker-1"]
     if task == "ps-0":

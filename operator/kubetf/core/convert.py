@@ -22,7 +22,7 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 # The pod labels Kubeflow sets that a template can carry (the same on every pod of a replica type); users select
 # on them. `replica-index`, `operator-name`, and `job-role` on worker 0 differ per pod or name Kubeflow's
-# operator: see README ("Moving from Kubeflow's TFJob").
+# operator: see docs/migrating-from-tfjob.md.
 LABEL_JOB_NAME = "training.kubeflow.org/job-name"
 LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
 LABEL_JOB_ROLE = "training.kubeflow.org/job-role"

@@ -4,7 +4,7 @@ operator's restarts keep the job's admission. Pure functions.
 Kueue (kueue.x-k8s.io, checked against v0.19's pkg/controller/jobs/pod) admits pods another controller creates
 when they carry a LocalQueue and a group: its webhook gates each pod, builds one Workload for the group once all
 of its pods exist, and ungates them when the Workload is admitted; pods created later while it stays admitted are
-ungated too. The protocol the operator follows (README, "On a Kueue-managed cluster"):
+ungated too. The protocol the operator follows (docs/kueue.md, "How it works"):
 
 - every pod of a job labelled with a LocalQueue carries the queue, the job's group (its name and uid: stable
   across restarts, never shared with a previous job of the same name) and the group's size, every replica of
