@@ -312,7 +312,7 @@ def argument(call: ast.Call, position: int, keyword: str) -> ast.expr | None:
 
 
 # Where the operator writes a reason: (the function called, the reason's position among its arguments).
-REASON_ARGUMENTS = {"transition": 1, "_set": 2, "set_condition": 2, "Event": 1, "event": 2}
+REASON_ARGUMENTS = {"transition": 1, "fail": 0, "set_phase": 2, "set_condition": 2, "Event": 1, "event": 2}
 # Functions whose returned (reason, message) tuples become a condition.
 WAITING_FUNCTIONS = {"waiting", "waiting_message"}
 # A decision's reason is split at its first ': ' into the condition's reason and its message (reconcile._restart).
@@ -463,7 +463,8 @@ def test_the_scan_catches_a_new_reason() -> None:
 NAMED = "FromAConstant"
 def plan(status, result, transition, admission, job, refusal):
     transition("Failed", "BrandNew", "message", "Warning")
-    _set(status, "Pending", refusal.cause if refusal.cause == NAMED else "OtherBranch", "m", 0, 1)
+    set_phase(status, "Pending", refusal.cause if refusal.cause == NAMED else "OtherBranch", "m", 0, 1)
+    decision.fail("FailedHere", "message", pods)
     result.events.append(Event("Normal", reason="ByKeyword", message="m"))
     reason, message = admission.waiting(job) if admission else ("FromATuple", "m")
     self.kube.event(job, "Normal", "PostedDirectly", "m")
@@ -479,7 +480,7 @@ def disruption_reason(pod):
 """
     written = written_reasons(source)
     assert written.reasons == {"BrandNew", "FromAConstant", "OtherBranch", "ByKeyword", "FromATuple",
-                               "PostedDirectly", "Returned"}  # fmt: skip
+                               "PostedDirectly", "Returned", "FailedHere"}  # fmt: skip
     assert written.decisions == {"DecidedHere"}
     assert written.causes == {"Gone", "Unnamed", "Defaulted", "Trimmed"}
 
@@ -491,3 +492,17 @@ def test_removing_a_catalog_entry_fails_the_check(monkeypatch: pytest.MonkeyPatc
         with pytest.raises(AssertionError, match=name):
             test_every_reason_the_code_writes_is_in_the_catalog()
         monkeypatch.undo()
+
+
+def test_every_flag_of_the_operator_is_in_the_operating_guide() -> None:
+    from kubetf.cli.main import build_parser
+
+    operator = next(
+        parser
+        for action in build_parser()._subparsers._group_actions  # type: ignore[union-attr]
+        for name, parser in action.choices.items()
+        if name == "operator"
+    )
+    flags = {option for action in operator._actions for option in action.option_strings if option.startswith("--")}
+    documented = set(re.findall(r"`(--[a-z-]+)`", (DOCS / "operating.md").read_text()))
+    assert flags - {"--help"} <= documented, f"docs/operating.md lacks {sorted(flags - documented - {'--help'})}"

@@ -8,7 +8,7 @@ library only.
 - `CAUSES`: what follows `Disrupted: ` in `status.restarts.lastReason` and in a Restarting condition's message,
   from Kubernetes, Kueue or the operator.
 
-docs/status-reasons.md shows these as tables (`python -m kubetf.reasons` prints them) and a unit test keeps the two
+docs/status-reasons.md shows these as tables (`python -m kubetf.core.reasons` prints them) and a unit test keeps the two
 equal; another scans the operator's source for every reason it can write and finds it here.
 """
 
