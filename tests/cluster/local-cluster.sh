@@ -899,6 +899,24 @@ kueue_visibility_available() {
   [[ "$(kc get apiservice v1beta2.visibility.kueue.x-k8s.io \
     -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" == True ]]
 }
+gc_probe_gone() { ! kc get resourceflavor kubetf-gc-probe >/dev/null 2>&1; }
+kueue_collected() {  # the garbage collector watches Kueue's types: a Workload whose pods are gone is deleted
+  # It learns of new CRDs at its next discovery sync (every 30 s); until then a pod group's Workload, orphaned
+  # when its pods go, keeps its quota. Probe: a ResourceFlavor owned by a ClusterRole that is then deleted.
+  kc delete resourceflavor kubetf-gc-probe --ignore-not-found --wait=false >/dev/null
+  wait_for 30 "the previous GC probe gone" gc_probe_gone
+  kc create clusterrole kubetf-gc-probe --verb=get --resource=configmaps >/dev/null
+  local uid; uid="$(kc get clusterrole kubetf-gc-probe -o jsonpath='{.metadata.uid}')"
+  kc apply -f - >/dev/null <<EOF
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: kubetf-gc-probe
+  ownerReferences: [{apiVersion: rbac.authorization.k8s.io/v1, kind: ClusterRole, name: kubetf-gc-probe, uid: "$uid"}]
+EOF
+  kc delete clusterrole kubetf-gc-probe >/dev/null
+  wait_for 90 "the garbage collector to delete a Kueue object whose owner is gone" gc_probe_gone
+}
 install_kueue() {  # idempotent: apply (server-side) and wait until the manager is Ready and its webhooks answer
   build_kueue_image
   load_images "$KUEUE_IMAGE"
@@ -916,6 +934,7 @@ install_kueue() {  # idempotent: apply (server-side) and wait until the manager 
   # Kueue injects its CA into the webhook configurations it finds: wait until both webhooks really answer
   wait_for 120 "Kueue's webhooks to answer" kueue_webhooks_answer
   wait_for 120 "Kueue's visibility API" kueue_visibility_available
+  local t_gc=$SECONDS; kueue_collected; log "the garbage collector collects Kueue's objects ($((SECONDS - t_gc))s)"
   log "Kueue $KUEUE_VERSION ready in $KUEUE_NS (pod $(kc -n "$KUEUE_NS" get pods -l control-plane=controller-manager \
     -o jsonpath='{.items[0].metadata.name}'))"
 }

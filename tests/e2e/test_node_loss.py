@@ -171,7 +171,10 @@ def test_a_parameter_server_job_whose_ps_node_is_lost_recreates_the_ps_and_the_c
             wanted = {"ps-chief-0": "1", "ps-ps-0": "1", "ps-worker-0": "0", "ps-worker-1": "0"}
             return current if attempts == wanted and phases == {"Running"} else None
 
-        new_pods = wait_for(recovered, 150, "the ps and the chief recreated and Running", interval=1)
+        new_pods = wait_for(
+            recovered, 150,
+            lambda: f"the ps and the chief recreated and Running: {installed.describe(namespace, 'ps')}", interval=1,
+        )  # fmt: skip
         elapsed = time.monotonic() - started
         print(f"node {lost} (the ps's) stopped: ps and chief Running again after {elapsed:.0f}s")
         for worker in ("ps-worker-0", "ps-worker-1"):

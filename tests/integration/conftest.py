@@ -162,6 +162,26 @@ class Cluster:
         )["items"]
         return {p["metadata"]["name"]: p for p in items}
 
+    def describe(self, namespace: str, job: str) -> str:
+        """The job's phase and condition, and each pod's attempt, phase, node and deletion: what a failed wait shows."""
+        status = self.status(namespace, job)
+        condition = next((c for c in status.get("conditions") or [] if c.get("type") == status.get("phase")), {})
+        pods = [
+            f"{name} attempt {(p['metadata'].get('labels') or {}).get(api.LABEL_ATTEMPT)} "
+            f"{(p.get('status') or {}).get('phase')} on {(p.get('spec') or {}).get('nodeName')}"
+            + (
+                f" deleting since {p['metadata']['deletionTimestamp']}"
+                if p["metadata"].get("deletionTimestamp")
+                else ""
+            )
+            for name, p in sorted(self.pods(namespace, job).items())
+        ]
+        events = [f"{e.get('reason')}: {e.get('message')}" for e in self.events(namespace, job)[-8:]]
+        return (
+            f"job {status.get('phase')} ({status.get('reason')}: {condition.get('message')}), "
+            f"restarts {status.get('restarts')}; pods: {'; '.join(pods)}; last events: {' | '.join(events)}"
+        )
+
     def live_pods(self, namespace: str, job: str) -> dict[str, dict]:
         return {n: p for n, p in self.pods(namespace, job).items() if not p["metadata"].get("deletionTimestamp")}
 
