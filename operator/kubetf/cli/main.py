@@ -372,6 +372,12 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "the cluster's kube-controller-manager --node-monitor-grace-period: how long before Unknown a node went silent",
     ),
     (
+        "--node-monitor-period",
+        "node_monitor_period",
+        float,
+        "the cluster's kube-controller-manager --node-monitor-period: how often it checks the nodes' heartbeats",
+    ),
+    (
         "--scheduling-grace",
         "scheduling_grace",
         float,

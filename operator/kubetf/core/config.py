@@ -66,11 +66,13 @@ class OperatorConfig:
     positions_unavailable_recheck: float = 600.0
     # Nodes: a node's Ready state read from the API serves every job with pods there this long; while a pod is
     # being deleted on a node, its node is looked at again this often (a node that stopped reporting sends no event
-    # of its own). `node_monitor_grace` is the cluster's kube-controller-manager --node-monitor-grace-period: a node
-    # marked Unknown stopped reporting up to that long before.
+    # of its own). The cluster's kube-controller-manager marks a node Unknown `node_monitor_grace`
+    # (--node-monitor-grace-period) after its last heartbeat, at its next check (every `node_monitor_period`,
+    # --node-monitor-period): the node stopped reporting up to the sum of both before it was marked.
     node_state_seconds: float = 5.0
     node_check_seconds: float = 10.0
     node_monitor_grace: float = 50.0
+    node_monitor_period: float = 5.0
     # A pod unscheduled for less than this is not a reason worth a warning yet (the scheduler retries, an
     # autoscaler adds nodes); an old pod still there this long after its grace period is reported stuck.
     scheduling_grace: float = 30.0

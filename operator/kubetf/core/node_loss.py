@@ -72,11 +72,12 @@ def caused_restart(views: dict[str, TaskView], status: dict[str, Any], lost_node
     return f"{restarts['lastReason']}; counted as a disruption"
 
 
-def lost_since(node_: dict[str, Any] | None, now: float, grace: float) -> float | None:
+def lost_since(node_: dict[str, Any] | None, now: float, silence: float) -> float | None:
     """Since when a node has stopped reporting, from the Node object; None while it is Ready. Gone (None), or with
     no Ready condition: `now`, as when it went is not known and no earlier failure may be blamed on it. Unknown:
-    the node controller noticed `grace` (its --node-monitor-grace-period) after the last heartbeat; False: the
-    kubelet itself said NotReady."""
+    the node controller noticed at most `silence` (its grace period and one check period) after the last
+    heartbeat, and the earliest is taken: a failure that may have followed the loss is not held against the job.
+    False: the kubelet itself said NotReady."""
     conditions = ((node_ or {}).get("status") or {}).get("conditions") or []
     ready = next((c for c in conditions if c.get("type") == "Ready"), None)
     if ready is not None and ready.get("status") == "True":
@@ -84,4 +85,4 @@ def lost_since(node_: dict[str, Any] | None, now: float, grace: float) -> float 
     changed = st.parse_time((ready or {}).get("lastTransitionTime"))
     if changed is None:
         return now
-    return changed - grace if ready and ready.get("status") == "Unknown" else changed
+    return changed - silence if ready and ready.get("status") == "Unknown" else changed
