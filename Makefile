@@ -23,15 +23,17 @@ IS_LOCAL := $(if $(filter $(LOCAL_KUBECONFIG),$(TARGET_KUBECONFIG)),yes,)
 KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
-.PHONY: help venv tools lint manifests test test-unit test-trainer test-cluster cluster cluster-down images install \
-	demo demo-kueue bench bench-scale bench-compare bench-kueue
+.PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster \
+	cluster cluster-down images install \
+	demo demo-kueue bench bench-scale bench-compare bench-kueue bench-kueue-scale
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
+# uv installs from its cache (~/.cache/kubetf/uv) in seconds where pip took over a minute (TensorFlow's wheels).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,trainer]'
+	$(PY) -m pip install -q uv
+	UV_CACHE_DIR=$(HOME)/.cache/kubetf/uv $(VENV)/bin/uv pip install -q --python $(PY) -e '.[dev,trainer]'
 	touch $@
 
 venv: $(VENV)/.installed ## .venv with the project, the dev tools and TensorFlow
@@ -49,20 +51,59 @@ manifests: ## copy the CRD (the single source) to manifests/ and the chart; re-r
 	cp $(CRD) helm/kubetf/crds/
 	helm/render-manifests.sh
 
+# The cluster tiers run on xdist workers (tests wait on the API server and on pods far more than they compute): each
+# worker has its own operator, Lease and namespaces (tests/integration/conftest.py); tests marked `serial` (they
+# restart the API server, replace or uninstall the installed operator) run afterwards, alone. Each stage writes JUnit
+# XML to $(RESULTS); `make test` ends with tests/summary.py's table.
+WORKERS ?= 3
+RESULTS ?= .test-results
+XDIST = -n $(WORKERS) --dist loadgroup
+junit = --junitxml=$(RESULTS)/$(1).xml
+
 test-unit: venv tools ## pure tests, seconds
-	$(PYTEST) -m unit tests/unit
+	$(PYTEST) -m unit tests/unit $(call junit,unit)
 
 test-trainer: venv ## TensorFlow training as local processes (kubetf local)
-	$(PYTEST) -m trainer tests/trainer
+	$(PYTEST) -m trainer tests/trainer $(call junit,trainer)
 
-test-cluster: venv tools ## integration and e2e tiers on $$KUBECONFIG, else on the local cluster (brought up)
-	$(PYTEST) -m "integration or e2e" tests/integration tests/e2e
+test-integration: venv tools ## the operator against the real API server: in parallel, then the tests that run alone
+	$(PYTEST) $(XDIST) -m "integration and not serial" tests/integration $(call junit,integration)
+	$(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone)
 
-test: ## every test tier, each timed
-	@for tier in lint test-unit test-trainer test-cluster; do \
-		start=$$SECONDS; $(MAKE) --no-print-directory $$tier || exit $$?; \
-		echo "::: $$tier took $$((SECONDS - start))s"; \
-	done
+test-e2e: venv tools ## the chart and real TensorFlow pods: in parallel, then the tests that run alone
+	$(MAKE) --no-print-directory images
+	KUBETF_IMAGES_BUILT=1 $(PYTEST) $(XDIST) -m "e2e and not serial" tests/e2e $(call junit,e2e)
+	KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone)
+
+test-cluster: test-integration test-e2e ## integration and e2e tiers on $$KUBECONFIG, else on the local cluster
+
+# One stage: run it, record its wall time for the summary, stop at the first failure.
+stage = start=$$SECONDS; $(2) || exit $$?; took=$$((SECONDS - start)); \
+	printf '%s\t%s\n' "$(1)" "$$took" >> $(RESULTS)/stages.tsv; echo "::: $(1) took $${took}s"
+
+test: venv tools ## every test tier, each stage timed, then one table (tiers, stages, slowest tests)
+	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
+	@$(call stage,lint,$(MAKE) --no-print-directory lint)
+	@$(call stage,unit,$(MAKE) --no-print-directory test-unit)
+	@# TensorFlow on local processes (one at a time) beside the integration tier, which mostly waits
+	@$(call stage,trainer + integration (parallel),$(PYTEST) $(XDIST) -m "trainer or (integration and not serial)" \
+		tests/trainer tests/integration $(call junit,trainer-integration))
+	@$(call stage,images,$(MAKE) --no-print-directory images)
+	@$(call stage,e2e (parallel),KUBETF_IMAGES_BUILT=1 $(PYTEST) $(XDIST) -m "e2e and not serial" tests/e2e \
+		$(call junit,e2e))
+	@$(call stage,e2e (alone),KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone))
+	@# Last: the API server restarts, and the cluster's components with it (they settle for a while after)
+	@$(call stage,integration (alone),$(PYTEST) -m "integration and serial" tests/integration \
+		$(call junit,integration-alone))
+	@$(PY) -m tests.summary $(RESULTS)
+
+test-quick: venv tools ## the edit-test loop: lint, unit and the integration tests that run in parallel (minutes)
+	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
+	@$(call stage,lint,$(MAKE) --no-print-directory lint)
+	@$(call stage,unit,$(MAKE) --no-print-directory test-unit)
+	@$(call stage,integration (parallel),$(PYTEST) $(XDIST) -m "integration and not serial" tests/integration \
+		$(call junit,integration))
+	@$(PY) -m tests.summary $(RESULTS)
 
 cluster: ## the local cluster, unless a kubeconfig names another one (FAKE_NODES=4: also 4 fake kwok nodes)
 	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) up $(if $(FAKE_NODES),--fake-nodes $(FAKE_NODES)); \
@@ -98,7 +139,7 @@ demo: venv cluster images install ## a real 2-worker MNIST job on the cluster, f
 	$(KUBETF) submit -f manifests/samples/mnist-mwms.yaml -n $(DEMO_NAMESPACE) --kubeconfig $(TARGET_KUBECONFIG)
 	$(KUBETF) status mnist-mwms -n $(DEMO_NAMESPACE) --kubeconfig $(TARGET_KUBECONFIG)
 
-demo-kueue: venv cluster images install kueue ## two MNIST jobs competing for the node's 2 GPUs under Kueue
+demo-kueue: venv cluster images install kueue ## two MNIST jobs competing for a ClusterQueue's 2 GPUs under Kueue
 	$(KUBECTL) create namespace $(DEMO_NAMESPACE) --dry-run=client -o yaml | $(KUBECTL) apply -f -
 	$(KUBECTL) -n $(DEMO_NAMESPACE) apply -f manifests/samples/kueue/queues.yaml
 	$(KUBECTL) -n $(DEMO_NAMESPACE) delete trainingjob mnist-a mnist-b --ignore-not-found --wait
@@ -117,6 +158,9 @@ bench-scale: venv ## scale benchmark on kwok's fake nodes (default 2,000 jobs; A
 
 bench-kueue: venv tools ## with and without Kueue: apply -> pods Running, and Kueue's preemption (real pods)
 	$(PY) -m tests.bench.kueue_bench $(ARGS)
+
+bench-kueue-scale: venv tools ## Kueue on kwok: 5,000 queued jobs' API cost, 1,000 admitted, a 100-job priority chain
+	$(PY) -m tests.bench.kueue_scale $(ARGS)
 
 bench-compare: venv tools ## kubetf vs Kubeflow's training-operator vs the raw API server (ARGS="--foreign-pods 5000")
 	$(PY) -m tests.bench.compare $(ARGS)

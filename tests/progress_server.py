@@ -1,5 +1,5 @@
 """A stand-in for the operator's progress endpoint (protocol v1), for the unit and trainer tiers: it checks each report
-with the operator's own `kubetf.progress.parse_report` and folds the accepted ones with `merge`, as the endpoint
+with the operator's own `kubetf.core.progress.parse_report` and folds the accepted ones with `merge`, as the endpoint
 will."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kubetf import progress
+from kubetf.core import progress
 
 
 class ProgressServer:

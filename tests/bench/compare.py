@@ -41,8 +41,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api as kapi
-from kubetf import builders
+from kubetf.core import api as kapi
+from kubetf.core import builders
 from tests.bench import kubeflow
 from tests.bench.common import (
     ChildWatch,
@@ -55,7 +55,7 @@ from tests.bench.common import (
     settle,
 )
 from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import Cluster, Operator, pod_template, replica
+from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, pod_template, replica
 
 KUBETF_SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1), "worker": replica(4)}}
 CREATE_TIMEOUT = 900  # Kubeflow at 20 QPS takes minutes for a burst of 200
@@ -241,7 +241,7 @@ class Bench:
 
     # --- the contenders
     def kubetf_operator(self) -> Operator:
-        operator = Operator(self.kubeconfig, self.logs / "kubetf-operator.log")
+        operator = Operator(self.kubeconfig, self.logs / "kubetf-operator.log", flags=AS_INSTALLED)
         operator.start()
         return operator
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from kubernetes import client
 
-from kubetf import kueue
+from kubetf.core import kueue
 from tests.bench.common import percentile
 from tests.cluster.fixture import ensure_cluster, wait_for
 from tests.cluster.queues import Queue, make_flavor, priority_classes
-from tests.integration.conftest import Cluster, Operator
+from tests.integration.conftest import AS_INSTALLED, Cluster, Operator
 
 POD_SPEC = {
     "terminationGracePeriodSeconds": 5,
@@ -76,37 +76,37 @@ def main() -> None:
     paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in installed]
     for namespace, name, _ in paused:
         apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
-    operator = Operator(cluster.kubeconfig, Path(tempfile.mkdtemp()) / "operator.log")
+    operator = Operator(cluster.kubeconfig, Path(tempfile.mkdtemp()) / "operator.log", flags=AS_INSTALLED)
     namespace = f"bench-kueue-{uuid.uuid4().hex[:6]}"
-    with kube.kueue():
-        make_flavor(cluster)
-        priority_classes(cluster, **{"kubetf-bench-low": 100, "kubetf-bench-high": 1000})
-        operator.start()
-        cluster.core.create_namespace({"metadata": {"name": namespace}})
-        queue = None
-        try:
-            wait_for(lambda: cluster.core.list_namespaced_service_account(namespace).items, 30, "a ServiceAccount")
-            queue = Queue(cluster, namespace, gpus=0)
-            plain, queued = [], []
-            for i in range(args.rounds):
-                plain.append(apply_to_running(cluster, namespace, f"plain-{i}", None))
-                queued.append(apply_to_running(cluster, namespace, f"queued-{i}", {kueue.QUEUE_LABEL: queue.local}))
-            p_plain, p_queued = statistics.median(plain), statistics.median(queued)
-            print(f"apply -> all 5 pods Running, 1+4 job of real pods, {args.rounds} rounds each:")
-            print(f"  without Kueue: p50 {p_plain:.2f}s (max {max(plain):.2f}s)")
-            print(f"  with Kueue:    p50 {p_queued:.2f}s (max {max(queued):.2f}s)")
-            print(f"  ratio with/without: {p_queued / p_plain:.2f}")
+    kube.install_kueue()
+    make_flavor(cluster)
+    priority_classes(cluster, **{"kubetf-bench-low": 100, "kubetf-bench-high": 1000})
+    operator.start()
+    cluster.core.create_namespace({"metadata": {"name": namespace}})
+    queue = None
+    try:
+        wait_for(lambda: cluster.core.list_namespaced_service_account(namespace).items, 30, "a ServiceAccount")
+        queue = Queue(cluster, namespace, gpus=0)
+        plain, queued = [], []
+        for i in range(args.rounds):
+            plain.append(apply_to_running(cluster, namespace, f"plain-{i}", None))
+            queued.append(apply_to_running(cluster, namespace, f"queued-{i}", {kueue.QUEUE_LABEL: queue.local}))
+        p_plain, p_queued = statistics.median(plain), statistics.median(queued)
+        print(f"apply -> all 5 pods Running, 1+4 job of real pods, {args.rounds} rounds each:")
+        print(f"  without Kueue: p50 {p_plain:.2f}s (max {max(plain):.2f}s)")
+        print(f"  with Kueue:    p50 {p_queued:.2f}s (max {max(queued):.2f}s)")
+        print(f"  ratio with/without: {p_queued / p_plain:.2f}")
 
-            # Preemption: the queue holds exactly one 1+4 job of 1 CPU each.
-            preempt(cluster, namespace, args.rounds)
-        finally:
-            operator.stop()
-            if queue is not None:
-                cluster.core.delete_namespace(namespace)
-                wait_for(lambda: not cluster.core.list_namespaced_pod(namespace).items, 120, "bench pods gone")
-                queue.delete()
-            for ns, name, replicas in paused:
-                apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": replicas}})
+        # Preemption: the queue holds exactly one 1+4 job of 1 CPU each.
+        preempt(cluster, namespace, args.rounds)
+    finally:
+        operator.stop()
+        if queue is not None:
+            cluster.core.delete_namespace(namespace)
+            wait_for(lambda: not cluster.core.list_namespaced_pod(namespace).items, 120, "bench pods gone")
+            queue.delete()
+        for ns, name, replicas in paused:
+            apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": replicas}})
     print(f"operator log: {operator.log_path}")
 
 

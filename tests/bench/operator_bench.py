@@ -5,7 +5,9 @@
 - apply-to-all-children latency of 1 chief + 4 worker jobs (p50/p99), one job at a time;
 - a burst of --burst such jobs applied at once: jobs/s until every child exists;
 - preemption of one worker of a running MWMS job to all replacement pods created (p50/p99);
-- the operator's memory (RSS) idle and after the burst.
+- the operator's memory (RSS) idle and after the burst;
+- a standby's takeover after the leader is SIGKILLed (the operator's default lease timings), --takeovers times: the
+  brief's bound is 15 s (the functional tests only print it).
 Pods are never scheduled (unknown schedulerName): this measures the operator and the API server, not kubelets.
 Uses $KUBECONFIG, else brings the local cluster up (tests/cluster).
 """
@@ -20,8 +22,8 @@ import uuid
 from pathlib import Path
 
 from tests.bench.common import ChildWatch, percentile, rss_mib
-from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import Cluster, Operator, replica
+from tests.cluster.fixture import ensure_cluster, wait_for
+from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, replica
 
 SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1), "worker": replica(4)}}
 
@@ -31,11 +33,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--disruptions", type=int, default=20)
+    parser.add_argument("--takeovers", type=int, default=3)
     args = parser.parse_args()
 
     cluster = Cluster(ensure_cluster().kubeconfig)
     cluster.install_crd()
-    operator = Operator(cluster.kubeconfig, Path(tempfile.mkdtemp()) / "operator.log")
+    operator = Operator(cluster.kubeconfig, Path(tempfile.mkdtemp()) / "operator.log", flags=AS_INSTALLED)
     operator.start()
     assert operator.process is not None
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
@@ -90,9 +93,29 @@ def main() -> None:
             f"p50 {percentile(recover, 0.5):.0f} ms, p99 {percentile(recover, 0.99):.0f} ms, "
             f"mean {statistics.mean(recover):.0f} ms"
         )
+        operator = takeovers(cluster, operator, args.takeovers)
     finally:
         cluster.core.delete_namespace(namespace)
         operator.stop()
+
+
+def takeovers(cluster: Cluster, leader: Operator, count: int) -> Operator:
+    """SIGKILL the leader `count` times with a standby beside it; returns the last leader (to stop)."""
+    took = []
+    logs = Path(tempfile.mkdtemp())
+    for i in range(count):
+        standby = Operator(cluster.kubeconfig, logs / f"standby-{i}.log", flags=AS_INSTALLED)
+        standby.start(leader=False)
+        leader.kill()
+        killed = time.monotonic()
+        wait_for(lambda s=standby: s.role() == "ok leader", 60, "the standby to take over", interval=0.05)
+        took.append(time.monotonic() - killed)
+        leader = standby
+    print(
+        f"standby takeover after the leader's SIGKILL, {count} times (default lease: 8 s): "
+        f"p50 {statistics.median(took):.1f} s, max {max(took):.1f} s (target <= 15 s)"
+    )
+    return leader
 
 
 if __name__ == "__main__":

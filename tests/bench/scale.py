@@ -53,11 +53,11 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetf import api
+from kubetf.core import api
 from tests.bench.operator_bench import percentile, rss_mib
 from tests.cluster import kwok
 from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import Cluster, Operator, _installed_operators, pod_template, replica
+from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, _installed_operators, pod_template, replica
 
 PODS_PER_JOB = 5
 PODS_PER_FAKE_NODE = 1000
@@ -108,7 +108,7 @@ class Process:
     """The operator under test: Operator with /metrics on, restartable, with its CPU and API counters."""
 
     def __init__(self, kubeconfig: str, workdir: Path) -> None:
-        self.operator = Operator(kubeconfig, workdir / "operator.log", metrics_port=free_port())
+        self.operator = Operator(kubeconfig, workdir / "operator.log", metrics_port=free_port(), flags=AS_INSTALLED)
 
     @property
     def pid(self) -> int:
@@ -133,6 +133,11 @@ class Process:
     def api_calls(self) -> Counter | None:
         """kubetf_api_requests_total by (verb, resource), leader election's lease renewals left out (they are the
         same with or without jobs); None when the operator has no such counter."""
+        calls = self.all_api_calls()
+        return None if calls is None else Counter({k: v for k, v in calls.items() if k[1] != "leases"})
+
+    def all_api_calls(self) -> Counter | None:
+        """kubetf_api_requests_total by (verb, resource); None when the operator has no such counter."""
         try:
             url = f"http://127.0.0.1:{self.operator.metrics_port}/metrics"
             with urllib.request.urlopen(url, timeout=5) as response:
@@ -145,7 +150,7 @@ class Process:
                     {
                         (s.labels.get("verb", "?"), s.labels.get("resource", "?")): s.value
                         for s in family.samples
-                        if s.name.endswith("_total") and s.labels.get("resource") != "leases"
+                        if s.name.endswith("_total")
                     }
                 )
         return None

@@ -1,6 +1,6 @@
 """Steps/s of a 2-worker MultiWorkerMirrored job started by `kubetf local` vs the same processes by hand.
 
-By hand = the two example processes started directly with the env `kubetf.builders.task_env` gives (TF_CONFIG
+By hand = the two example processes started directly with the env `kubetf.core.builders.task_env` gives (TF_CONFIG
 on localhost), output to pipes. `kubetf local` adds its supervisor, line prefixing and log files. Steps/s is the
 mean of worker 0's per-epoch `steps_per_sec` (first epoch left out: graph tracing), wall is launch to exit.
 
@@ -25,8 +25,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
 
-from kubetf import api, builders, local  # noqa: E402
-from kubetf.jobctl import progress_line  # noqa: E402
+from kubetf.cli import local  # noqa: E402
+from kubetf.cli.jobctl import progress_line  # noqa: E402
+from kubetf.core import api, builders  # noqa: E402
 
 EXAMPLE = "/opt/kubetf/examples/mnist_mwms.py"
 
@@ -104,7 +105,7 @@ def via_local(job: dict[str, Any], workdir: str) -> dict[str, Any]:
         yaml.safe_dump(job, f)
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "kubetf.local", "-f", job_file, "--workdir", os.path.join(workdir, "run")],
+        [sys.executable, "-m", "kubetf.cli.local", "-f", job_file, "--workdir", os.path.join(workdir, "run")],
         env=base_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -11,18 +11,18 @@ first on `PATH`. A cluster that cannot be had fails the session loudly; it never
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.cluster.session import once
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "local-cluster.sh"
@@ -74,19 +74,6 @@ class KubeCluster:
                 f"kueue):\n{result.stderr}",
                 pytrace=False,
             )
-
-    @contextlib.contextmanager
-    def kueue(self) -> Iterator[None]:
-        """Kueue installed for the tests in the block. On the local cluster, a Kueue the block installed is removed
-        at its end: its pod webhook would otherwise sit in the path of every later test's pods."""
-        local = self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve()
-        there = self.kubectl("-n", "kueue-system", "get", "deployment/kueue-controller-manager", check=False)
-        self.install_kueue()
-        try:
-            yield
-        finally:
-            if local and there.returncode != 0:
-                _run_script("kueue-delete")
 
 
 def wait_for(predicate: Any, timeout: float = 15.0, what: Any = "condition", interval: float = 0.05) -> Any:
@@ -173,3 +160,14 @@ def ensure_cluster() -> KubeCluster:
 def kube_cluster() -> KubeCluster:
     """A reachable Kubernetes cluster for the whole session (see the module docstring)."""
     return ensure_cluster()
+
+
+@pytest.fixture(scope="session")
+def kueue(kube_cluster, request) -> KubeCluster:
+    """Kueue in the cluster: installed once per run (on the local cluster: built on first use) and left installed,
+    as a shared cluster has it all the time. Its pod webhook is then in the path of every test's pods, as it would
+    be there; the operator and the tests cope with it restarting (local-cluster.sh apiserver-restart waits for it)."""
+    with once(request.config, "kueue") as first:
+        if first:
+            kube_cluster.install_kueue()
+    return kube_cluster

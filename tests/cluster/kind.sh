@@ -9,7 +9,7 @@ set -euo pipefail
 NAME="${KUBETF_KIND_NAME:-kubetf}"
 NODE="$NAME-control-plane"
 KCFG="${KUBETF_KIND_KUBECONFIG:-$HOME/.kube/kind-$NAME.config}"
-GPUS="${KUBETF_FAKE_GPUS:-2}"
+GPUS="${KUBETF_FAKE_GPUS:-8}"
 k() { kubectl --kubeconfig "$KCFG" "$@"; }
 
 images() {  # the same two image names as local-cluster.sh, built with plain docker from Debian's image

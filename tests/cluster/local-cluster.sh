@@ -31,7 +31,7 @@
 #                              backoff; returns once they act again, printing how long the API server was away
 #
 # Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
-# KUBETF_FAKE_GPUS (default 2), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
+# KUBETF_FAKE_GPUS (default 8), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
 # KUBETF_KWOK_LOG_LEVEL (default WARN; INFO logs every lease renewal and pod change).
 set -euo pipefail
 
@@ -61,7 +61,9 @@ CLUSTER_CIDR=10.244.0.0/16
 GATEWAY=10.244.0.1            # cni0's address: pods reach the host here; CoreDNS listens here
 SERVICE_CIDR=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
-GPUS="${KUBETF_FAKE_GPUS:-2}"
+# 8: Kueue's e2e tests each get a ClusterQueue of 2 and run side by side (xdist); a queue's quota, not the node,
+# is what they compete for.
+GPUS="${KUBETF_FAKE_GPUS:-8}"
 
 # Fake nodes (kwok): one key for the annotation kwok selects its nodes by, the label tests select them by and the
 # taint that keeps every pod that does not tolerate it off them. The real node never carries any of the three.
@@ -612,6 +614,10 @@ start_etcd() {
     --unsafe-no-fsync --log-level warn
   wait_for 60 etcd curl -sf http://127.0.0.1:2379/health
 }
+# --enable-aggregator-routing: aggregated APIs (Kueue's visibility API) are reached at their endpoints' pod IPs, not
+# their ClusterIP. On this host a ClusterIP without kube-proxy's NAT (kube-proxy restarting with the API server)
+# routes out of the machine, where something answers HTTPS with 404: the aggregator kept that connection, and the
+# APIService stayed unavailable, and every namespace undeletable, until the API server restarted again.
 start_apiserver() {
   start_daemon kube-apiserver "$K8S_BIN/kube-apiserver" \
     --etcd-servers=http://127.0.0.1:2379 \
@@ -627,6 +633,7 @@ start_apiserver() {
     --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
+    --enable-aggregator-routing=true \
     --profiling=false --v=1
   wait_for 120 kube-apiserver kc get --raw /readyz
 }
@@ -892,6 +899,24 @@ kueue_visibility_available() {
   [[ "$(kc get apiservice v1beta2.visibility.kueue.x-k8s.io \
     -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" == True ]]
 }
+gc_probe_gone() { ! kc get resourceflavor kubetf-gc-probe >/dev/null 2>&1; }
+kueue_collected() {  # the garbage collector watches Kueue's types: a Workload whose pods are gone is deleted
+  # It learns of new CRDs at its next discovery sync (every 30 s); until then a pod group's Workload, orphaned
+  # when its pods go, keeps its quota. Probe: a ResourceFlavor owned by a ClusterRole that is then deleted.
+  kc delete resourceflavor kubetf-gc-probe --ignore-not-found --wait=false >/dev/null
+  wait_for 30 "the previous GC probe gone" gc_probe_gone
+  kc create clusterrole kubetf-gc-probe --verb=get --resource=configmaps >/dev/null
+  local uid; uid="$(kc get clusterrole kubetf-gc-probe -o jsonpath='{.metadata.uid}')"
+  kc apply -f - >/dev/null <<EOF
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: kubetf-gc-probe
+  ownerReferences: [{apiVersion: rbac.authorization.k8s.io/v1, kind: ClusterRole, name: kubetf-gc-probe, uid: "$uid"}]
+EOF
+  kc delete clusterrole kubetf-gc-probe >/dev/null
+  wait_for 90 "the garbage collector to delete a Kueue object whose owner is gone" gc_probe_gone
+}
 install_kueue() {  # idempotent: apply (server-side) and wait until the manager is Ready and its webhooks answer
   build_kueue_image
   load_images "$KUEUE_IMAGE"
@@ -909,6 +934,7 @@ install_kueue() {  # idempotent: apply (server-side) and wait until the manager 
   # Kueue injects its CA into the webhook configurations it finds: wait until both webhooks really answer
   wait_for 120 "Kueue's webhooks to answer" kueue_webhooks_answer
   wait_for 120 "Kueue's visibility API" kueue_visibility_available
+  local t_gc=$SECONDS; kueue_collected; log "the garbage collector collects Kueue's objects ($((SECONDS - t_gc))s)"
   log "Kueue $KUEUE_VERSION ready in $KUEUE_NS (pod $(kc -n "$KUEUE_NS" get pods -l control-plane=controller-manager \
     -o jsonpath='{.items[0].metadata.name}'))"
 }
@@ -973,6 +999,7 @@ cmd_up() {
   mkdir -p "$CACHE/logs"
   if cluster_ok; then
     log "cluster already up"
+    gpus_advertised || advertise_gpus  # a cluster brought up with another KUBETF_FAKE_GPUS
     ((FAKE_NODES == 0)) || stage fake-nodes ensure_fake_nodes "$FAKE_NODES"
     ((kueue == 0)) || stage kueue install_kueue
     cmd_env; return 0
@@ -1078,6 +1105,10 @@ cmd_apiserver_restart() {  # every client (kubelet, controllers, kwok, the opera
   kc create namespace "$probe" >/dev/null
   wait_for 60 "the default ServiceAccount in $probe" kc -n "$probe" get serviceaccount default
   kc delete namespace "$probe" --wait=false >/dev/null
+  if kc -n "$KUEUE_NS" get deployment kueue-controller-manager >/dev/null 2>&1; then  # Kueue lost its lease too
+    wait_for 180 "Kueue's webhooks to answer" kueue_webhooks_answer
+    wait_for 180 "Kueue's visibility API" kueue_visibility_available
+  fi
   log "the cluster's components restarted and acting $((SECONDS - t0))s after the API server was stopped"
 }
 cmd_env() {

@@ -1,7 +1,9 @@
 """e2e tier: the operator installed with helm, real TensorFlow in real pods on the local node.
 
-The session builds and loads the images (`make images`), installs the chart into a namespace that enforces the
-`restricted` Pod Security Standard, and leaves it installed for the tests; test_uninstall.py runs last.
+Once per run (tests/cluster/session.py, whatever the number of xdist workers) the images are built and loaded
+(`make images`; skipped when KUBETF_IMAGES_BUILT=1 says the Makefile just did it) and the chart is installed into a
+namespace that enforces the `restricted` Pod Security Standard. It stays installed, as `make demo` leaves it;
+test_uninstall.py (marked serial: `make test` runs it after the rest) uninstalls it and checks what is left.
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import jobctl
+from kubetf.cli import jobctl
 from tests.cluster.fixture import wait_for
+from tests.cluster.session import once
 from tests.integration.conftest import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +58,10 @@ def e2e_cluster(kube_cluster) -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def images(e2e_cluster):
-    run("make", "images", timeout=2400)
+def images(e2e_cluster, request):
+    with once(request.config, "images") as first:
+        if first and os.environ.get("KUBETF_IMAGES_BUILT") != "1":
+            run("make", "images", timeout=2400)
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -65,8 +69,15 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def installed(e2e_cluster, images) -> Iterator[Cluster]:
+def installed(e2e_cluster, images, request) -> Cluster:
     """The chart installed as a user would, into a namespace enforcing the restricted Pod Security Standard."""
+    with once(request.config, "chart") as first:
+        if first:
+            install_chart(e2e_cluster)
+    return e2e_cluster
+
+
+def install_chart(e2e_cluster: Cluster) -> None:
     labels = {
         "pod-security.kubernetes.io/enforce": "restricted",
         "pod-security.kubernetes.io/enforce-version": "latest",
@@ -81,9 +92,6 @@ def installed(e2e_cluster, images) -> Iterator[Cluster]:
     # there), so the CRD goes first, applied server-side over whoever wrote it before.
     run(tool("kubectl"), "apply", "--server-side", "--force-conflicts", "-f", "manifests/crd/")
     helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
-    yield e2e_cluster
-    # test_uninstall normally did this already; a failed or partial session must not leave an operator behind.
-    helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--ignore-not-found", "--wait")
 
 
 @pytest.fixture

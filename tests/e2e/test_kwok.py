@@ -24,7 +24,7 @@ from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
 from tests.e2e.test_cluster_smoke import assert_succeeded, pod_manifest, run_pod
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("fake-nodes")]  # kwok-node-3 is stopped and started
 
 COUNT = 4
 LOST = f"{kwok.FAKE_NODE_PREFIX}{COUNT - 1}"  # the node the node-loss test stops (and starts again)
@@ -100,7 +100,7 @@ def test_fake_nodes_are_ready_tainted_and_selectable(core, fake_nodes):
 def test_pod_that_tolerates_the_taint_runs_on_a_fake_node_and_exits_when_asked(core, ns, fake_nodes):
     core.create_namespaced_pod(ns, fake_pod("runs"))
     pod = wait_for(lambda: _phase(core, ns, "runs", "Running"), 60, "pod runs to be Running on a fake node")
-    assert pod.spec.node_name in fake_nodes
+    assert pod.spec.node_name.startswith(kwok.FAKE_NODE_PREFIX)  # any fake node: a cluster may have more than four
     assert _condition(pod, "Ready") == "True"
     assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network(kwok.FAKE_POD_NETWORK)
 
@@ -116,10 +116,29 @@ def test_pod_that_tolerates_the_taint_runs_on_a_fake_node_and_exits_when_asked(c
     assert terminated.exit_code == 0 and terminated.reason == "Completed"
 
 
+def test_a_deleted_pod_stops_and_keeps_its_finalizers_as_with_a_kubelet(core, ns, fake_nodes):
+    """A kubelet stops a deleted pod's containers and leaves the object to the owners of its finalizers (Kueue's,
+    on a pod group's pods, keeps the group's Workload alive): kwok must not remove them."""
+    finalizer = "kubetf.io/test-holds"
+    core.create_namespaced_pod(ns, fake_pod("held", finalizers=[finalizer]))
+    wait_for(lambda: _phase(core, ns, "held", "Running"), 60, "pod held to be Running on a fake node")
+    core.delete_namespaced_pod("held", ns)
+    pod = wait_for(lambda: _phase(core, ns, "held", "Failed"), 30, "the deleted pod to stop (Failed)")
+    assert pod.status.container_statuses[0].state.terminated.exit_code == 143
+    assert pod.metadata.finalizers == [finalizer] and pod.metadata.deletion_timestamp
+    # Watched for a while: kwok (pod-delete) deletes it again, and the finalizer keeps it.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert (_pod(core, ns, "held") or pytest.fail("gone with its finalizer")).metadata.finalizers == [finalizer]
+        time.sleep(0.2)
+    core.patch_namespaced_pod("held", ns, {"metadata": {"finalizers": None}})
+    wait_for(lambda: _pod(core, ns, "held") is None, 30, "the pod gone once its finalizer was removed")
+
+
 def test_real_node_still_runs_real_pods(core, ns, fake_nodes):
     pod, logs = run_pod(core, ns, "real", "print('a real container')")
     assert_succeeded(pod, logs)
-    assert pod.spec.node_name not in fake_nodes
+    assert not pod.spec.node_name.startswith(kwok.FAKE_NODE_PREFIX)
     assert "a real container" in logs
 
 

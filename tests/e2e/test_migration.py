@@ -1,6 +1,8 @@
 """Moving to kubetf on a real cluster: a TF1 between-graph TFJob converted by `kubetf convert` survives the loss
-of its ps, and the guides' custom-training-loop programs run (the MWMS one resumes from its CheckpointManager
-checkpoint after an eviction). Tiny jobs: 2 CPU cores."""
+of its ps. What the program does to recover (the chief restores the variables, workers wait for them) is the
+trainer tier's test; here the cluster's part: converted, run, the ps restarted alone as a disruption, the job
+succeeds, the ps stopped. (The guides' custom-training-loop programs are the trainer tier's: program behaviour;
+an unchanged one on the cluster is test_sigterm.py's.) Tiny jobs: 2 CPU cores."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import time
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
 from tests.cluster.fixture import wait_for
 
 from .conftest import create, elapsed
@@ -42,6 +43,9 @@ def tf1_records(lines: list[str], kind: str) -> list[dict]:
     return [r for r in (json.loads(line) for line in lines if line.startswith('{"tf1"')) if r["tf1"] == kind]
 
 
+STEPS = 5000  # the ps is deleted after 1000: enough left for both workers to come back to it
+
+
 def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(installed, namespace, tmp_path):
     cluster = installed
     # TF1 checkpoints are written by the ps tasks (each its variables) and the chief: a volume all of them mount,
@@ -53,7 +57,7 @@ def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(inst
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "100Mi"}}},
         },
     )
-    program = container("/opt/kubetf/examples/tf1_between_graph.py", "--train-steps", "20000", "--checkpoint-dir",
+    program = container("/opt/kubetf/examples/tf1_between_graph.py", "--train-steps", str(STEPS), "--checkpoint-dir",
                         "/model/dist-mnist")  # fmt: skip
     program["volumeMounts"] = [{"name": "model", "mountPath": "/model"}]
     volume = {"name": "model", "persistentVolumeClaim": {"claimName": "dist-mnist-model"}}
@@ -117,82 +121,11 @@ def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(inst
         # first session, goes on from the chief's checkpoint.
         sessions = tf1_records(lines, "resumed" if attempts[task] == 0 else "session")
         assert sessions and sessions[0]["step"] >= 200, (task, sessions)
-        assert attempts[task] or sessions[0]["step"] < 20000, (task, sessions)  # recovered mid-training
         (done,) = tf1_records(lines, "done")
-        assert done["step"] >= 19990
+        assert done["step"] >= STEPS - 10
     # The ps never exits by itself: cleanPodPolicy Running stops it.
     wait_for(
         lambda: all(p["status"]["phase"] != "Running" for p in cluster.live_pods(namespace, "dist-mnist").values()),
         60,
         "the ps stopped",
     )
-
-
-def test_guide_ps_custom_training_loop_succeeds(installed, namespace):
-    cluster = installed
-    pod = {"spec": {"containers": [container("/opt/kubetf/examples/ps_custom_loop.py", "--epochs", "2")]}}
-    job = {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": "ps-ctl"},
-        "spec": {
-            "strategy": "ParameterServer",
-            "replicaSpecs": {
-                "chief": {"replicas": 1, "template": pod},
-                "worker": {"replicas": 2, "template": pod},
-                "ps": {"replicas": 1, "template": pod},
-            },
-        },
-    }
-    start = time.monotonic()
-    create(cluster, namespace, job)
-    status = cluster.wait_phase(namespace, "ps-ctl", "Succeeded", timeout=900)
-    print(f"\nps-ctl: apply -> Succeeded {elapsed(start)}")
-    assert status["restarts"]["total"] == 0
-    chief = log(cluster, namespace, "ps-ctl-chief-0")
-    epochs = [line for line in chief if line.startswith("Finished epoch")]
-    assert len(epochs) == 2, chief[-20:]
-    assert any(line.startswith("Final loss is") for line in chief), chief[-20:]
-
-
-def test_guide_mwms_custom_training_loop_resumes_from_its_checkpoint_after_an_eviction(installed, namespace):
-    cluster = installed
-    args = ("/opt/kubetf/examples/mwms_custom_loop.py", "--epochs", "8", "--steps-per-epoch", "10")
-    job = {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": "mwms-ctl"},
-        "spec": {
-            "strategy": "MultiWorkerMirrored",
-            "replicaSpecs": {"worker": {"replicas": 2, "template": {"spec": {"containers": [container(*args)]}}}},
-            "checkpoint": {"size": "1Gi"},
-        },
-    }
-    create(cluster, namespace, job)
-    wait_for(
-        lambda: any(line.startswith("Epoch: 1,") for line in log(cluster, namespace, "mwms-ctl-worker-0")),
-        600,
-        "epoch 0 checkpointed, epoch 1 done",
-        interval=1.0,
-    )
-    cluster.core.create_namespaced_pod_eviction(
-        "mwms-ctl-worker-1",
-        namespace,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": "mwms-ctl-worker-1", "namespace": namespace},
-        },
-    )
-    evicted = time.monotonic()
-    status = cluster.wait_phase(namespace, "mwms-ctl", "Succeeded", timeout=900)
-    print(f"\nmwms-ctl: eviction -> Succeeded {elapsed(evicted)}")
-    assert status["restarts"] == status["restarts"] | {"failures": 0, "disruptions": 1}
-    assert status["tasks"]["worker-0"]["attempt"] == 1  # the whole group restarted
-    worker0 = log(cluster, namespace, "mwms-ctl-worker-0")  # the replacement pod's log
-    (resumed,) = [line for line in worker0 if line.startswith("Resumed from ")]
-    print(resumed)
-    step = int(resumed.rsplit("step ", 1)[1].rstrip("."))
-    assert step >= 10 and step % 10 == 0, resumed  # epoch 0 was saved before epoch 1 was seen done
-    epochs = [int(line.split("Epoch: ")[1].split(",")[0]) for line in worker0 if line.startswith("Epoch: ")]
-    assert epochs == list(range(step // 10, 8)), worker0[-20:]

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from kubetf import api
+from kubetf.core import api
 from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
 from tests.integration.conftest import pod_template
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("fake-nodes")]  # kwok-node-3 is stopped and started
 
 NODES = 5  # a 1+3 job spread one pod per node, and room for the new group once one node is lost
 # The bound on "lost node to job Running again" (MWMS): the node controller's grace period before NotReady (50 s),
@@ -171,7 +171,10 @@ def test_a_parameter_server_job_whose_ps_node_is_lost_recreates_the_ps_and_the_c
             wanted = {"ps-chief-0": "1", "ps-ps-0": "1", "ps-worker-0": "0", "ps-worker-1": "0"}
             return current if attempts == wanted and phases == {"Running"} else None
 
-        new_pods = wait_for(recovered, 150, "the ps and the chief recreated and Running", interval=1)
+        new_pods = wait_for(
+            recovered, 150,
+            lambda: f"the ps and the chief recreated and Running: {installed.describe(namespace, 'ps')}", interval=1,
+        )  # fmt: skip
         elapsed = time.monotonic() - started
         print(f"node {lost} (the ps's) stopped: ps and chief Running again after {elapsed:.0f}s")
         for worker in ("ps-worker-0", "ps-worker-1"):

@@ -1,15 +1,14 @@
 """SIGTERM and MultiWorkerMirrored on a real cluster: TensorFlow swallows it (kubetf/sigterm.py), so a program that
-does nothing on SIGTERM is stopped at once, and one that saves on SIGTERM still gets its grace period to save.
-Tiny jobs: 2 CPU cores."""
+does nothing on SIGTERM is stopped at once. (One that saves on SIGTERM keeps its grace period to save:
+test_training.py's evicted job.) Tiny jobs: 2 CPU cores."""
 
 from __future__ import annotations
 
 import time
 
-from kubetf import api, jobctl
 from tests.cluster.fixture import wait_for
 
-from .conftest import create, elapsed, sample
+from .conftest import create, elapsed
 from .test_migration import container, log
 
 # Far below the 120 s grace period the pods have: about 2 s until TensorFlow's line is read, a second to stop the
@@ -91,40 +90,3 @@ def test_unchanged_mwms_program_restarts_promptly_after_a_member_is_evicted(inst
         "the new group training",
         interval=1.0,
     )
-
-
-def test_a_program_that_saves_on_sigterm_keeps_its_grace_period_to_save(installed, namespace):
-    cluster = installed
-    job = sample("mnist-mwms")  # kubetf_trainer: PreemptionCheckpointHandler saves, then exit 42
-    container_ = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-    container_["args"] = [{"5": "40", "20": "30"}.get(a, a) for a in container_["args"]]
-    create(cluster, namespace, job)
-
-    def training():
-        records = [r for r in map(jobctl.progress_line, log(cluster, namespace, "mnist-mwms-worker-0")) if r]
-        return any(r["kubetf"] == "progress" for r in records)
-
-    wait_for(training, 600, "an epoch done", interval=1.0)
-    evicted = time.monotonic()
-    evict(cluster, namespace, "mnist-mwms-worker-1")
-
-    def preempted(pod: str):
-        records = [r for r in map(jobctl.progress_line, log(cluster, namespace, pod)) if r]
-        return [r for r in records if r["kubetf"] == "preempted"]
-
-    (record,) = wait_for(lambda: preempted("mnist-mwms-worker-1"), 120, "worker-1 saved and left", interval=0.5)
-    print(f"\nPreemptionCheckpointHandler: eviction -> saved and exited {record['exit_code']}: {elapsed(evicted)}")
-    assert record["saved"] is True and record["exit_code"] == 42, record
-    assert not events(cluster, namespace, "SigtermIgnored")
-
-    def replacements_running():
-        pods = cluster.live_pods(namespace, "mnist-mwms")
-        return len(pods) == 2 and all(
-            p["metadata"]["labels"][api.LABEL_ATTEMPT] == "1" and p["status"].get("phase") == "Running"
-            for p in pods.values()
-        )
-
-    wait_for(replacements_running, 300, "the replacement group running", interval=0.5)
-    print(f"PreemptionCheckpointHandler: eviction -> new group Running: {elapsed(evicted)}")
-    status = cluster.status(namespace, "mnist-mwms")
-    assert status["restarts"] == status["restarts"] | {"failures": 0, "disruptions": 1}

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from kubetf.jobctl import progress_line
+from kubetf.cli.jobctl import progress_line
 
 IMAGE = "kubetf/trainer:0.1.0"
 
@@ -91,10 +91,10 @@ def test_sigterm_stops_a_ps_server_even_as_pid_1():
             time.sleep(1)
         started = time.monotonic()
         subprocess.run(["docker", "stop", "-t", "30", name], capture_output=True, check=True)
-        assert time.monotonic() - started < 10  # SIGTERM ended it, not the SIGKILL after 30 s
+        print(f"\nthe ps server stopped {time.monotonic() - started:.1f}s after docker stop's SIGTERM")
         code = subprocess.run(
             ["docker", "inspect", name, "--format", "{{.State.ExitCode}}"], capture_output=True, text=True, check=True
         ).stdout.strip()
-        assert code == "143"
+        assert code == "143"  # its SIGTERM handler ended it, not the SIGKILL after 30 s (137)
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)

@@ -7,7 +7,6 @@ import time
 import yaml
 from kubernetes import client
 
-from kubetf import api
 from tests.cluster.fixture import wait_for
 
 from .conftest import OPERATOR_NAMESPACE, create, elapsed, progress, sample, wait_epoch, wait_progress
@@ -55,11 +54,17 @@ def test_the_operator_runs_under_the_restricted_pod_security_standard(installed)
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
-def test_mwms_submitted_trains_to_success_and_leaves_the_model_on_the_checkpoint_volume(installed, namespace, tmp_path):
-    """`kubetf submit` as a user runs it: validated, created, followed with progress lines to exit 0."""
+def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model(installed, namespace, tmp_path):
+    """Day one, from `kubetf submit` to `kubetf delete`: the MNIST sample is followed with its progress; a worker is
+    evicted mid-training; the trainer library's program saves on the SIGTERM (PreemptionCheckpointHandler, exit
+    42) within its grace period (the operator does not hurry it: no SigtermIgnored); the whole group restarts once,
+    counted as a disruption, resumes from that checkpoint and succeeds, and its model is on the checkpoint volume."""
     cluster = installed
+    job = sample("mnist-mwms")
+    container = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    container["args"] = [{"5": "6", "20": "30"}.get(a, a) for a in container["args"]]
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(sample("mnist-mwms")))
+    path.write_text(yaml.safe_dump(job))
     start = time.monotonic()
     submit = subprocess.Popen(
         [sys.executable, "-m", "kubetf.cli", "submit", "-f", str(path), "-n", namespace, "--timeout", "900"],
@@ -67,31 +72,42 @@ def test_mwms_submitted_trains_to_success_and_leaves_the_model_on_the_checkpoint
         stderr=subprocess.STDOUT,
         text=True,
     )
-    cluster.wait_phase(namespace, "mnist-mwms", "Running", timeout=300)
-    to_running = elapsed(start)
+    wait_epoch(cluster, namespace, "mnist-mwms-worker-0", 2, "two epochs done (a checkpoint to resume from)", 600)
+    evicted = time.monotonic()
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "mnist-mwms-worker-1"}}
+    cluster.core.create_namespaced_pod_eviction("mnist-mwms-worker-1", namespace, body)
+
+    def saved() -> list[dict]:
+        return [r for r in progress(cluster, namespace, "mnist-mwms-worker-1") if r["kubetf"] == "preempted"]
+
+    (record,) = wait_for(saved, 120, "worker-1 saved on the SIGTERM and left", interval=0.5)
+    print(f"\neviction -> worker-1 saved and exited {record['exit_code']}: {elapsed(evicted)}")
+    assert record["saved"] is True and record["exit_code"] == 42, record
     output, _ = submit.communicate(timeout=960)
-    print(f"\nmnist-mwms: apply -> Running {to_running}, -> Succeeded {elapsed(start)}\n{output}")
+    print(f"mnist-mwms: apply -> Succeeded {elapsed(start)}\n{output}")
     assert submit.returncode == 0, output
-    assert "epoch 5/5" in output
+    assert "epoch 6/6" in output
     status = cluster.status(namespace, "mnist-mwms")
-    assert status["phase"] == "Succeeded"
-    assert status["restarts"]["total"] == 0
-    records = progress(cluster, namespace, "mnist-mwms-worker-0")
+    assert (status["phase"], status["restarts"]["disruptions"], status["restarts"]["failures"]) == ("Succeeded", 1, 0)
+    assert status["tasks"]["worker-0"]["attempt"] == 1  # the whole group restarted
+    ignored = cluster.core.list_namespaced_event(namespace, field_selector="reason=SigtermIgnored").items
+    assert ignored == [], [e.message for e in ignored]
+    records = progress(cluster, namespace, "mnist-mwms-worker-0")  # the replacement pod's log
+    (resumed,) = [r for r in records if r["kubetf"] == "start"]
+    assert resumed["initial_epoch"] >= 2, records  # from the checkpoint saved at the eviction, not from scratch
     epochs = [r["epoch"] for r in records if r["kubetf"] == "progress"]
-    assert epochs and epochs[-1] == 5, records
+    assert epochs == list(range(resumed["initial_epoch"] + 1, 7)), records
     losses = [r["loss"] for r in records if r["kubetf"] == "progress"]
-    assert losses[-1] < losses[0]
-    done = [r for r in records if r["kubetf"] == "done"]
-    assert done, records
+    assert losses[-1] <= losses[0]
+    assert [r for r in records if r["kubetf"] == "done"], records
     # The chief's (worker 0's) final model is on the PVC, readable by the next pod that mounts it.
     phase, listing = reader_pod(
         cluster, namespace, "mnist-mwms-checkpoint", ["sh", "-c", "ls -R /checkpoints/model | head -50"]
     )
     assert phase == "Succeeded", listing
     assert "saved_model.pb" in listing or ".keras" in listing or "variables" in listing, listing
-    # Nothing of the job keeps running.
     running = [p for p in cluster.pods(namespace, "mnist-mwms").values() if p["status"]["phase"] == "Running"]
-    assert running == []
+    assert running == []  # nothing of the job keeps running
 
     def kubetf(*args: str) -> str:
         result = subprocess.run(
@@ -112,47 +128,6 @@ def test_mwms_submitted_trains_to_success_and_leaves_the_model_on_the_checkpoint
     assert "checkpoint PVC mnist-mwms-checkpoint kept" in deleted
     wait_for(lambda: cluster.job(namespace, "mnist-mwms") is None, 30, "the job deleted")
     assert cluster.core.read_namespaced_persistent_volume_claim("mnist-mwms-checkpoint", namespace)
-
-
-def test_eviction_restarts_the_group_which_resumes_from_the_last_checkpoint(installed, namespace):
-    cluster = installed
-    job = sample("mnist-mwms")
-    container = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-    container["args"] = [{"5": "8", "20": "30"}.get(a, a) for a in container["args"]]
-    create(cluster, namespace, job)
-    wait_epoch(
-        cluster, namespace, "mnist-mwms-worker-0", 2, "two epochs done (a checkpoint to resume from)", timeout=600
-    )
-    victim = cluster.pods(namespace, "mnist-mwms")["mnist-mwms-worker-1"]
-    evicted_at = time.monotonic()
-    cluster.core.create_namespaced_pod_eviction(
-        "mnist-mwms-worker-1",
-        namespace,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": "mnist-mwms-worker-1", "namespace": namespace},
-        },
-    )
-
-    def replacements_running():
-        pods = cluster.live_pods(namespace, "mnist-mwms")
-        return len(pods) == 2 and all(
-            p["metadata"]["labels"][api.LABEL_ATTEMPT] == "1" and p["status"].get("phase") == "Running"
-            for p in pods.values()
-        )
-
-    wait_for(replacements_running, 300, "the replacement group running", interval=0.2)
-    print(f"\neviction -> all replacement pods Running: {elapsed(evicted_at)}")
-    assert cluster.pods(namespace, "mnist-mwms")["mnist-mwms-worker-1"]["metadata"]["uid"] != victim["metadata"]["uid"]
-    status = cluster.wait_phase(namespace, "mnist-mwms", "Succeeded", timeout=900)
-    assert status["restarts"]["disruptions"] == 1
-    assert status["restarts"]["failures"] == 0
-    records = progress(cluster, namespace, "mnist-mwms-worker-0")
-    (start,) = [r for r in records if r["kubetf"] == "start"]
-    assert start["initial_epoch"] >= 2, records  # resumed from the checkpoint, not from scratch
-    epochs = [r["epoch"] for r in records if r["kubetf"] == "progress"]
-    assert epochs == sorted(set(epochs)) and epochs[0] > start["initial_epoch"] - 1 and epochs[-1] == 8, records
 
 
 def test_parameter_server_job_with_evaluator_succeeds_and_a_deleted_worker_is_recreated_alone(installed, namespace):

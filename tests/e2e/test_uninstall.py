@@ -1,13 +1,16 @@
 """Runs last in the e2e tier: `helm uninstall` removes the operator, keeps the CRD and retained checkpoints."""
 
+import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
+from kubetf.core import api
 from tests.cluster.fixture import wait_for
 from tests.integration.conftest import replica
 
 from .conftest import OPERATOR_NAMESPACE, RELEASE, helm
+
+pytestmark = pytest.mark.serial  # the chart goes: no other e2e test may run beside or after it
 
 
 def exists(read, *args) -> bool:

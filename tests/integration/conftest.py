@@ -17,22 +17,27 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes import config as kubeconfig
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api, config
+from kubetf.core import api, config
 from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
+from tests.cluster.session import once, undo_at_end
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSCHEDULED = "kubetf-test-unscheduled"
+# Each xdist worker (gw0, gw1, ...; "main" without xdist) runs its own operator, on its own Lease, serving only the
+# namespaces its tests create: it-<worker>-<random>. Workers run side by side without seeing each other's jobs.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+LEASE_NAME = f"kubetf-it-{WORKER}"
+NAMESPACE_PREFIX = f"it-{WORKER}-"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -87,35 +92,20 @@ class Cluster:
 
         wait_for(established, 30, "the CRD to be established")
 
-    def queue_name_policy(self) -> Iterator[None]:
-        """The chart's ValidatingAdmissionPolicy, which checks the Kueue queue label at apply time: created for
-        the block and deleted after it, so that the chart (the e2e tier) creates its own."""
+    def make_queue_name_policy(self) -> bool:
+        """The chart's ValidatingAdmissionPolicy and its binding, which check the Kueue queue label at apply time,
+        unless they exist (an installed chart's); True when made here."""
         admission = client.AdmissionregistrationV1Api(self.api_client)
-        path = ROOT / "manifests" / "operator" / "30-queue-name-policy.yaml"
-        made = []
-        for document in [d for d in yaml.safe_load_all(path.read_text()) if d]:
+        made = False
+        for document in queue_name_policy_documents():
             kind = "validating_admission_policy" + ("_binding" if document["kind"].endswith("Binding") else "")
-            name = document["metadata"]["name"]
-            with contextlib.suppress(ApiException):
-                getattr(admission, f"delete_{kind}")(name)  # a leftover of an interrupted session
-            wait_for(lambda k=kind, n=name: self._gone(getattr(admission, f"read_{k}"), n), 30, f"{kind} {name} gone")
-            getattr(admission, f"create_{kind}")(document)
-            made.append((kind, name))
-        try:
-            yield
-        finally:
-            for kind, name in reversed(made):
-                getattr(admission, f"delete_{kind}")(name)
-
-    @staticmethod
-    def _gone(read: Any, name: str) -> bool:
-        try:
-            read(name)
-        except ApiException as error:
-            if error.status == 404:
-                return True
-            raise
-        return False
+            try:
+                getattr(admission, f"create_{kind}")(document)
+                made = True
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+        return made
 
     # --- jobs
     def create_job(self, namespace: str, name: str, spec: dict, **metadata: Any) -> dict:
@@ -172,6 +162,26 @@ class Cluster:
         )["items"]
         return {p["metadata"]["name"]: p for p in items}
 
+    def describe(self, namespace: str, job: str) -> str:
+        """The job's phase and condition, and each pod's attempt, phase, node and deletion: what a failed wait shows."""
+        status = self.status(namespace, job)
+        condition = next((c for c in status.get("conditions") or [] if c.get("type") == status.get("phase")), {})
+        pods = [
+            f"{name} attempt {(p['metadata'].get('labels') or {}).get(api.LABEL_ATTEMPT)} "
+            f"{(p.get('status') or {}).get('phase')} on {(p.get('spec') or {}).get('nodeName')}"
+            + (
+                f" deleting since {p['metadata']['deletionTimestamp']}"
+                if p["metadata"].get("deletionTimestamp")
+                else ""
+            )
+            for name, p in sorted(self.pods(namespace, job).items())
+        ]
+        events = [f"{e.get('reason')}: {e.get('message')}" for e in self.events(namespace, job)[-8:]]
+        return (
+            f"job {status.get('phase')} ({status.get('reason')}: {condition.get('message')}), "
+            f"restarts {status.get('restarts')}; pods: {'; '.join(pods)}; last events: {' | '.join(events)}"
+        )
+
     def live_pods(self, namespace: str, job: str) -> dict[str, dict]:
         return {n: p for n, p in self.pods(namespace, job).items() if not p["metadata"].get("deletionTimestamp")}
 
@@ -184,6 +194,28 @@ class Cluster:
             if job and not pod["metadata"].get("deletionTimestamp"):
                 found.setdefault(job, {})[pod["metadata"]["name"]] = pod
         return found
+
+    def pods_created(self, namespace: str, job: str, until: Any, then: float, timeout: float = 30) -> list[str]:
+        """The job's pods created (watch ADDED events, from now) while waiting until `until()` holds and `then`
+        seconds more: a negative check watched over its whole window, not a sleep before a look."""
+        listed = self.core.list_namespaced_pod(namespace, label_selector=f"{api.LABEL_JOB}={job}")
+        created: list[str] = []
+        stream = watch.Watch()
+
+        def record() -> None:
+            for event in stream.stream(
+                self.core.list_namespaced_pod, namespace, label_selector=f"{api.LABEL_JOB}={job}",
+                resource_version=listed.metadata.resource_version, timeout_seconds=int(timeout + then) + 5,
+            ):  # fmt: skip
+                if event["type"] == "ADDED":
+                    created.append(event["object"].metadata.name)
+
+        watcher = threading.Thread(target=record, daemon=True)
+        watcher.start()
+        wait_for(until, timeout, "the condition before the watched window")
+        time.sleep(then)  # the watch runs meanwhile: anything created in the window is recorded
+        stream.stop()
+        return created
 
     def set_status(self, pod: dict, status: dict) -> None:
         meta = pod["metadata"]
@@ -268,21 +300,37 @@ class Cluster:
         return items
 
 
+# Short lease timings (the operator's flags): a killed or stalled leader is replaced in about 3 s, not 8.
+LEASE_FLAGS = ("--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5")
+# The integration tier's operators: short leases, this worker's Lease and namespaces.
+TEST_FLAGS = (*LEASE_FLAGS, "--lease-name", LEASE_NAME, "--namespace", f"{NAMESPACE_PREFIX}*")
+AS_INSTALLED = ()  # the benchmarks': the operator's defaults (every namespace, the default Lease, its timings)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Operator:
     """`kubetf operator` as a real process, as it runs in a cluster, against the test cluster's kubeconfig. It takes
     part in the leader election on the default Lease, as an operator started on a laptop would."""
 
-    def __init__(self, kubeconfig: str, log_path: Path, metrics_port: int = 0) -> None:
+    def __init__(
+        self, kubeconfig: str, log_path: Path, metrics_port: int = 0, flags: tuple[str, ...] = TEST_FLAGS
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.metrics_port = metrics_port  # 0: /metrics off
+        self.flags = flags  # () for the operator's defaults, as installed (every namespace, the default Lease)
         self.process: subprocess.Popen | None = None
         self.port = 0
 
     def start(self, leader: bool = True) -> None:
         """Start it; wait until it serves /healthz and, with `leader`, until it holds the lease."""
         self.launch()
-        wanted = ("ok leader",) if leader else ("ok leader", "ok standby")
+        wanted = ("ok leader",) if leader else ("ok leader", "ok starting", "ok standby")
         wait_for(lambda: self.role() in wanted, 30, f"the operator's /healthz to say {' or '.join(wanted)}")
 
     def launch(self) -> None:
@@ -293,9 +341,7 @@ class Operator:
         except ApiException as error:
             if error.status != 409:
                 raise
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
@@ -310,7 +356,8 @@ class Operator:
                 "--metrics-port",
                 str(self.metrics_port),
                 "--log-format",
-                "plain",
+                "full",
+                *self.flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -318,7 +365,7 @@ class Operator:
         )
 
     def role(self) -> str:
-        """'ok leader', 'ok standby', or '' while it does not answer."""
+        """ "ok leader", "ok starting" (leader, cache being primed), "ok standby", or "" while it does not answer."""
         if self.process is None or self.process.poll() is not None:
             pytest.fail(f"operator exited with {self.process and self.process.returncode}; log: {self.log_path}")
         try:
@@ -326,6 +373,14 @@ class Operator:
                 return response.read().decode().strip()
         except OSError:
             return ""
+
+    def metric(self, name: str) -> float:
+        """The value of a sample (no labels) on the operator's /metrics (it must run with a metrics port)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(f"{name} "):
+                    return float(line.split()[1])
+        pytest.fail(f"no sample {name} on the operator's /metrics")
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:
@@ -427,9 +482,12 @@ def cluster(kube_cluster) -> Cluster:
 
 
 @pytest.fixture(scope="package", autouse=True)
-def queue_name_policy(cluster) -> Iterator[None]:
-    """The integration tier's copy of the chart's admission policy, gone before the e2e tier installs the chart."""
-    yield from cluster.queue_name_policy()
+def queue_name_policy(cluster, request) -> None:
+    """The integration tier's copy of the chart's admission policy (a chart already installed has its own), made
+    once per run and deleted at its end."""
+    with once(request.config, "queue-name-policy") as first:
+        if first and cluster.make_queue_name_policy():
+            undo_at_end(request.config, "delete-queue-name-policy", kubeconfig=cluster.kubeconfig)
 
 
 def _installed_operators(cluster: Cluster) -> list[Any]:
@@ -438,35 +496,46 @@ def _installed_operators(cluster: Cluster) -> list[Any]:
     return [d for d in apps.list_deployment_for_all_namespaces(label_selector="app.kubernetes.io/name=kubetf").items]
 
 
-@pytest.fixture(scope="package")
-def operator(cluster, tmp_path_factory):
-    """The operator under test, alone: an installed one is scaled to zero meanwhile (two operators on the same
-    jobs would each act), and this one stops before the e2e tier installs the chart."""
+def pause_installed_operators(cluster: Cluster) -> list[tuple[str, str, int]]:
+    """Scale installed kubetf operators (the chart's, e.g. left by `make demo`) to zero and wait until they have
+    stopped: they serve every namespace, the tier's too. Returns (namespace, name, replicas) to restore."""
     apps = client.AppsV1Api(cluster.api_client)
     paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
     for namespace, name, _ in paused:
         apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
     for namespace, name, _ in paused:
         wait_for(
-            lambda n=namespace, m=name: (
+            lambda n=namespace: (
                 not cluster.core.list_namespaced_pod(n, label_selector="app.kubernetes.io/name=kubetf").items
             ),
             60,
             f"the installed operator {namespace}/{name} stopped",
         )
+    return paused
+
+
+@pytest.fixture(scope="package")
+def operator(cluster, tmp_path_factory, request):
+    """This worker's operator under test. An installed one is scaled to zero for the run (two operators on the
+    same jobs would each act) and back at its end."""
+    with once(request.config, "pause-installed-operators") as first:
+        if first:
+            for namespace, name, replicas in pause_installed_operators(cluster):
+                undo_at_end(
+                    request.config, "scale", kubeconfig=cluster.kubeconfig, namespace=namespace, name=name,
+                    replicas=replicas,
+                )  # fmt: skip
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = Operator(cluster.kubeconfig, log_path)
+    process = Operator(cluster.kubeconfig, log_path, metrics_port=free_port())
     process.start()
     yield process
     process.stop()
     print(f"operator log: {log_path}")
-    for namespace, name, replicas in paused:
-        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
 
 
 @pytest.fixture
 def namespace(cluster, operator):
-    name = f"it-{uuid.uuid4().hex[:8]}"
+    name = f"{NAMESPACE_PREFIX}{uuid.uuid4().hex[:8]}"
     cluster.core.create_namespace({"metadata": {"name": name}})
 
     def default_service_account():
@@ -478,6 +547,11 @@ def namespace(cluster, operator):
     wait_for(default_service_account, 30, f"the default ServiceAccount in {name}")
     yield name
     cluster.core.delete_namespace(name)
+
+
+def queue_name_policy_documents() -> list[dict]:
+    path = ROOT / "manifests" / "operator" / "30-queue-name-policy.yaml"
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 def pod_template(command=("python", "train.py"), **spec: Any) -> dict:

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
+from kubetf.core import api
 from tests.unit.jobs import job, replica
 from tests.unit.test_validate import BAD_INPUT, broken
 

@@ -1,9 +1,12 @@
 """Creates the real API server refuses, a previous job's children still in the way, and events that must not be
 lost (issue 9, items 1, 3 (Service/PVC side) and 11)."""
 
+import time
+
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
+from kubetf.core import api
 from tests.cluster.fixture import wait_for
 
 from .conftest import replica
@@ -171,3 +174,50 @@ def test_events_are_posted_before_the_status_records_the_decision(cluster, names
     status, events = wait_for(restarting, 15, "the restart in the status", interval=0.005)
     assert status["reason"] == "Failed"
     assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Failed"]
+
+
+def test_a_pod_webhook_that_cannot_be_called_is_named_at_once_and_the_job_goes_on_when_it_is_gone(cluster, namespace):
+    """A ValidatingWebhookConfiguration on pods (failurePolicy Fail) whose service is down, as Kueue's own webhook is
+    while its pod restarts: every pod create answers 500 "failed calling webhook". It applies to this test's
+    namespace only."""
+    admission = client.AdmissionregistrationV1Api(cluster.api_client)
+    name = f"kubetf-test-down-{namespace}"
+    admission.create_validating_webhook_configuration(
+        {
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "down.kubetf.io",
+                    "clientConfig": {"service": {"name": "nobody-home", "namespace": namespace, "path": "/validate"}},
+                    "rules": [
+                        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                    ],
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 2,
+                }
+            ],
+        }
+    )
+    try:
+        created = time.monotonic()
+        cluster.create_job(namespace, "blocked", mwms_spec(startupTimeoutSeconds=5))
+        status = wait_reason(cluster, namespace, "blocked", "CreateUnavailable", timeout=10)
+        print(f"\nthe webhook named in the condition {time.monotonic() - created:.2f}s after the job was created")
+        message = current(status)["message"]
+        assert 'failed calling webhook "down.kubetf.io"' in message, message
+        assert status["phase"] == "Pending" and "createRejectedSince" not in status
+        event = cluster.wait_event(namespace, "blocked", "CreateUnavailable")
+        assert "down.kubetf.io" in event["message"]
+        # Longer than its startupTimeoutSeconds, watched the whole time: the cluster's fault is not the job's.
+        while time.monotonic() - created < 8:
+            assert cluster.status(namespace, "blocked")["phase"] == "Pending"
+            time.sleep(0.2)
+    finally:
+        admission.delete_validating_webhook_configuration(name)
+    removed = time.monotonic()
+    cluster.wait_pods(namespace, "blocked", lambda p: len(p) == 3, "the job's pods once the webhook is gone", 10)
+    print(f"webhook removed -> the job's 3 pods exist: {time.monotonic() - removed:.2f}s")
+    assert cluster.status(namespace, "blocked")["restarts"]["total"] == 0

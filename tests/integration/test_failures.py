@@ -9,8 +9,9 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import api
-from kubetf import status as st
+from kubetf.core import api
+from kubetf.core import status as st
+from kubetf.core.config import DEFAULTS
 from tests.cluster.fixture import wait_for
 
 from .conftest import mwms_spec
@@ -53,7 +54,7 @@ def test_a_new_group_waits_until_every_old_member_is_gone_and_a_stuck_one_is_rep
     cluster.delete_pod(pods["gb-worker-1"])  # the disruption
     stuck = wait_for(
         lambda: (s := cluster.status(namespace, "gb")).get("reason") == "PodStuckTerminating" and s,
-        st.STUCK_MARGIN_SECONDS + 15,
+        DEFAULTS.stuck_margin + 15,
         "the job to report the old worker stuck terminating",
     )
     assert "gb-worker-0 is still terminating" in st.current_condition(stuck)["message"]
@@ -215,6 +216,6 @@ def test_a_short_wait_for_a_node_posts_no_warning_and_a_long_one_does(cluster, n
     cluster.create_job(namespace, "sch2", mwms_spec())
     pods = cluster.wait_pods(namespace, "sch2", lambda p: len(p) == 3, "3 pods")
     for pod in pods.values():
-        unschedulable(pod, now - st.SCHEDULING_GRACE_SECONDS)  # waiting this long already: worth a warning
+        unschedulable(pod, now - DEFAULTS.scheduling_grace)  # waiting this long already: worth a warning
     cluster.wait_event(namespace, "sch2", "Unschedulable")
     assert cluster.status(namespace, "sch2")["reason"] == "Unschedulable"

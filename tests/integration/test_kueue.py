@@ -10,7 +10,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import kueue
+from kubetf.core import kueue
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
 
@@ -18,10 +18,8 @@ from .conftest import mwms_spec, ps_spec, replica
 
 
 @pytest.fixture(scope="module")
-def kueue_installed(kube_cluster, cluster):
-    with kube_cluster.kueue():
-        make_flavor(cluster)
-        yield
+def kueue_installed(kueue, cluster):
+    make_flavor(cluster)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
 
-from kubetf.jobctl import progress_line  # noqa: E402
+from kubetf.cli.jobctl import progress_line  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,6 +25,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.trainer)
+            # One TensorFlow job at a time (they use both cores), beside the API-bound integration tests (xdist).
+            item.add_marker(pytest.mark.xdist_group("tensorflow-local"))
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -69,7 +71,7 @@ def make_job(
 
 
 class LocalRun:
-    """`python -m kubetf.local -f JOB --workdir W` with its output collected line by line."""
+    """`python -m kubetf.cli.local -f JOB --workdir W` with its output collected line by line."""
 
     def __init__(self, job: dict[str, Any], workdir: Path, *extra_args: str):
         self.workdir = workdir
@@ -82,7 +84,7 @@ class LocalRun:
             [
                 sys.executable,
                 "-m",
-                "kubetf.local",
+                "kubetf.cli.local",
                 "-f",
                 str(job_file),
                 "--workdir",

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from conftest import REPO, make_job
 
-from kubetf import api, builders, local
-from kubetf.jobctl import progress_line
+from kubetf.cli import local
+from kubetf.cli.jobctl import progress_line
+from kubetf.core import api, builders
 from kubetf_trainer import data
 from kubetf_trainer.env import clear_backup_scratch, task_info
 from kubetf_trainer.progress import emit

@@ -1,4 +1,4 @@
-"""`kubetf local` applies the operator's restart rules (kubetf.policy) to local processes. Tiny Python
+"""`kubetf local` applies the operator's restart rules (kubetf.core.policy) to local processes. Tiny Python
 commands instead of TensorFlow, so these take seconds."""
 
 from __future__ import annotations

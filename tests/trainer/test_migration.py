@@ -10,7 +10,7 @@ import signal
 import pytest
 from conftest import make_job
 
-from kubetf.convert import convert
+from kubetf.core.convert import convert
 
 
 def tf1_records(lines: list[str], label: str, kind: str) -> list[dict]:
@@ -103,6 +103,9 @@ def test_guide_ps_custom_training_loop_with_cluster_coordinator(local_run):
     assert any(line.startswith("chief-0 | Final loss is") for line in run.lines)
 
 
+EPOCHS = 16  # still training a second after the SIGTERM, when TensorFlow says it swallowed it: about 1 s an epoch
+
+
 @pytest.mark.timeout(420)
 def test_guide_mwms_custom_training_loop_resumes_from_its_checkpoint_manager_checkpoint(local_run):
     job = make_job(
@@ -110,7 +113,7 @@ def test_guide_mwms_custom_training_loop_resumes_from_its_checkpoint_manager_che
         "MultiWorkerMirrored",
         {"worker": 2},
         # Enough epochs to still train a second after the SIGTERM, when TensorFlow says it swallowed it.
-        ["--epochs", "40", "--steps-per-epoch", "10", "--per-worker-batch-size", "32"],
+        ["--epochs", str(EPOCHS), "--steps-per-epoch", "10", "--per-worker-batch-size", "32"],
         example="mwms_custom_loop.py",
     )
     # As in the trainer image: TensorFlow's warnings shown, among them the one saying it swallowed the SIGTERM.
@@ -130,5 +133,5 @@ def test_guide_mwms_custom_training_loop_resumes_from_its_checkpoint_manager_che
     epochs_after = [
         int(line.split("Epoch: ")[1].split(",")[0]) for line in run.lines[restart:] if "worker-0 | Epoch:" in line
     ]
-    assert epochs_after == list(range(step // 10, 40))
+    assert epochs_after == list(range(step // 10, EPOCHS))
     assert run.lines[-1].endswith("job succeeded (failures 0, disruptions 1)")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import REPO, child_env, make_job
 
-from kubetf.jobctl import progress_line
+from kubetf.cli.jobctl import progress_line
 from tests.progress_server import ProgressServer, closed_port_url, progress_server
 
 EXAMPLES = REPO / "trainer_image" / "examples"

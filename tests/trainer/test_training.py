@@ -1,5 +1,5 @@
-"""Real TensorFlow jobs run by `kubetf local` (TF_CONFIG from kubetf.builders.task_env, restarts by
-kubetf.policy). Small on purpose: a few epochs of a few steps on scikit-learn's digits, 2 CPU cores."""
+"""Real TensorFlow jobs run by `kubetf local` (TF_CONFIG from kubetf.core.builders.task_env, restarts by
+kubetf.core.policy). Small on purpose: a few epochs of a few steps on scikit-learn's digits, 2 CPU cores."""
 
 from __future__ import annotations
 

@@ -1,27 +1,32 @@
 """An in-memory stand-in for `kube.Kube` (unit tier only), with a watch whose delivery the test controls.
 
-Writes change the objects at once, as the API server does; the watch events they cause wait in `events` until
-`deliver()` hands them to the controller, so a test can reconcile before the watch has shown the writes.
+It implements `cluster.kube_api.KubeApi`, and mypy checks that it does (`make lint`). Writes change the objects at
+once, as the API server does; the watch events they cause wait in `events` until `deliver()` hands them to the
+controller, so a test can reconcile before the watch has shown the writes.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from kubetf import api, kueue, reconcile
-from kubetf import status as st
-from kubetf.kube import Creation, LogUnreadable, Refused
+from kubetf.cluster.kube_api import Creation, KubeApi, LogUnreadable, NotServed, Refused
+from kubetf.core import api, kueue, refusals
+from kubetf.core import status as st
+from kubetf.core.refusals import Refusal
+
+Obj = dict[str, Any]
 
 
 class FakeApi:
-    def __init__(self, clock) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.jobs: dict[tuple[str, str], dict] = {}
         self.pods: dict[str, dict] = {}  # name -> pod (one namespace)
         self.others: dict[tuple[str, str], dict] = {}  # (kind, name) -> Service/PVC
-        self.lost_nodes: set[str] = set()  # nodes that stopped reporting
+        self.lost_nodes: dict[str, float] = {}  # nodes that stopped reporting, and since when
         self.events: list[tuple[str, str, dict]] = []  # (resource, type, object) not yet delivered
         self.recorded: list[tuple[str, str, str]] = []  # Kubernetes Events: (type, reason, message)
         self.calls: list[str] = []
@@ -31,9 +36,12 @@ class FakeApi:
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
-        # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue) and Workloads (by name).
-        # Its webhook gates and finalizes queued pods at creation; the tests play its controller (admission, eviction).
-        self.kueue: dict[str, dict[str, Any]] | None = None
+        # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue), Workloads (by name) and
+        # what its visibility API serves ("pending": ClusterQueue -> [Workload name, ...] in queue order; absent: not
+        # served). Its webhook gates and finalizes queued pods at creation; the tests play its controller (admission,
+        # eviction). The watch delivers their changes: `deliver` compares them with what it delivered before.
+        self.kueue: dict[str, Any] | None = None
+        self.kueue_seen: dict[tuple[str, str], str] = {}  # (kind, name) -> the JSON last delivered
 
     # --------------------------------------------------------------- watch
 
@@ -41,9 +49,52 @@ class FakeApi:
         self.events.append((resource, type_, copy.deepcopy(obj)))
 
     def deliver(self, controller) -> None:
+        self._kueue_changes()
         events, self.events = self.events, []
+        handlers = {
+            "jobs": controller.job_event,
+            "pods": controller.pod_event,
+            "workloads": controller.workload_event,
+            "localqueues": controller.local_queue_event,
+        }
         for resource, type_, obj in events:
-            (controller.job_event if resource == "jobs" else controller.pod_event)(type_, obj)
+            handlers[resource](type_, obj)
+
+    def _kueue_changes(self) -> None:
+        """Kueue's objects as its controller keeps them (a Workload owned by every pod of its group, moments after a
+        pod appears, unless the test froze its owners), and a watch event for each that changed."""
+        current: dict[tuple[str, str], dict] = {}
+        for name, cluster_queue in (self.kueue or {}).get("queues", {}).items():
+            meta = {"name": name, "namespace": self.namespace}
+            current[("localqueues", name)] = {"metadata": meta, "spec": {"clusterQueue": cluster_queue}}
+        for name in (self.kueue or {}).get("workloads", {}):
+            current[("workloads", name)] = self._workload(name)
+        for (kind, name), obj in current.items():
+            encoded = repr(obj)
+            if self.kueue_seen.get((kind, name)) != encoded:
+                type_ = "MODIFIED" if (kind, name) in self.kueue_seen else "ADDED"
+                self.kueue_seen[(kind, name)] = encoded
+                obj["metadata"]["resourceVersion"] = str(next(self.version))
+                self._emit(kind, type_, obj)
+        for kind, name in [k for k in self.kueue_seen if k not in current]:
+            del self.kueue_seen[(kind, name)]
+            self._emit(kind, "DELETED", {"metadata": {"name": name, "namespace": self.namespace}})
+
+    @property
+    def namespace(self) -> str:
+        return next((key[0] for key in self.jobs), "team-a")
+
+    def _workload(self, name: str) -> dict:
+        assert self.kueue is not None
+        found = copy.deepcopy(self.kueue["workloads"][name])
+        meta = found.setdefault("metadata", {"name": name})
+        meta.setdefault("namespace", self.namespace)
+        meta.setdefault("uid", f"workload-{name}")
+        meta["annotations"] = {kueue.GROUP_WORKLOAD_ANNOTATION: "true"}
+        if "ownerReferences" not in meta:
+            group = [p for p in self.pods.values() if p["metadata"]["labels"].get(kueue.GROUP_LABEL) == name]
+            meta["ownerReferences"] = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in group]
+        return found
 
     def _bump(self, obj: dict) -> None:
         obj["metadata"]["resourceVersion"] = str(next(self.version))
@@ -83,7 +134,7 @@ class FakeApi:
         job = self.jobs.get((namespace, name))
         return copy.deepcopy(job) if job else None
 
-    def patch_job_status(self, job: dict, patch: dict) -> dict | None:
+    def patch_job_status(self, job: Obj, patch: Obj) -> Obj | None:
         self.calls.append("patch status")
         stored = self.jobs.get((api.namespace(job), api.name(job)))
         if stored is None:
@@ -105,23 +156,56 @@ class FakeApi:
         pods = [copy.deepcopy(p) for p in self.pods.values() if p["metadata"]["labels"][api.LABEL_JOB] == job_name]
         return pods, next(self.version)
 
-    def list_paged(self, resource: str, namespaces, label_selector: str = ""):
+    def list_paged(
+        self, resource: str, namespaces: Iterable[str], label_selector: str = "", api_version: str = ""
+    ) -> Iterator[Obj]:
         self.calls.append(f"list {resource}")
         source = self.pods.values() if resource == "pods" else self.jobs.values()
-        return [copy.deepcopy(o) for o in source]
+        return iter([copy.deepcopy(o) for o in source])
 
-    def pages(self, resource: str, namespace: str, label_selector: str = ""):
+    def pages(
+        self, resource: str, namespace: str, label_selector: str = "", api_version: str = ""
+    ) -> Iterator[tuple[list[Obj], int]]:
         self.calls.append(f"list {resource}")
-        yield [copy.deepcopy(p) for p in self.pods.values()], next(self.version)
+        source = self.pods.values() if resource == "pods" else self.jobs.values()
+        yield [copy.deepcopy(o) for o in source], next(self.version)
 
-    def dry_run(self, objects, owner_uid: str):
-        refusals = []
+    def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+        self.calls.append("list workloads")
+        if self.kueue is not None:
+            yield [self._workload(name) for name in self.kueue["workloads"]], next(self.version)
+
+    def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+        self.calls.append("list localqueues")
+        if self.kueue is not None:
+            queues = self.kueue["queues"].items()
+            yield (
+                [
+                    {"metadata": {"name": n, "namespace": self.namespace}, "spec": {"clusterQueue": q}}
+                    for n, q in queues
+                ],
+                1,
+            )
+
+    def pending_workloads(self, path: str, offset: int, limit: int) -> list[dict]:
+        self.calls.append(f"get {path}/pendingworkloads")
+        pending = (self.kueue or {}).get("pending")
+        if pending is None:
+            raise NotServed(404, "the server could not find the requested resource")
+        names = pending.get(path.rpartition("/")[2], [])
+        return [
+            {"metadata": {"name": n, "namespace": self.namespace}, "positionInClusterQueue": offset + i}
+            for i, n in enumerate(names[offset : offset + limit])
+        ]
+
+    def dry_run(self, objects: list[Obj], owner_uid: str) -> Refusal | None:
+        found = []
         for obj in objects:
             self.calls.append(f"dry-run {obj['kind']}")
             name = obj["metadata"]["name"]
             role = obj["metadata"]["labels"].get(api.LABEL_ROLE)
             if obj["kind"] == "Pod" and role in self.invalid:
-                refusals.append(reconcile.Refusal(reconcile.INVALID, "Pod", name, self.invalid[role]))
+                found.append(Refusal(refusals.INVALID, "Pod", name, self.invalid[role]))
             existing = self.others.get((obj["kind"], name))
             meta = (existing or {}).get("metadata") or {}
             owners = {o["uid"] for o in meta.get("ownerReferences") or []}
@@ -130,51 +214,49 @@ class FakeApi:
                 del self.others[(obj["kind"], name)]  # the garbage collector, at once, unless a finalizer holds it
             elif existing is not None and (meta.get("deletionTimestamp") or (owners and owner_uid not in owners)):
                 message = f"{obj['kind']} {name} of a previous job is still being deleted"
-                refusals.append(reconcile.Refusal(reconcile.NAME_IN_USE, obj["kind"], name, message))
-        return refusals[0] if refusals else None
+                found.append(Refusal(refusals.NAME_IN_USE, obj["kind"], name, message))
+        return found[0] if found else None
 
-    def create_all(self, objects) -> list[dict]:
-        created = []
-        for obj in objects:
-            self.calls.append(f"create {obj['kind']}")
-            key = (obj["kind"], obj["metadata"]["name"])
-            if key not in self.others:
-                self.others[key] = copy.deepcopy(obj)
-                created.append(obj)
-        return created
-
-    def create_batched(self, objects: list[dict], first_batch: int) -> Creation:
+    def create_batches(self, batches: list[list[Obj]]) -> Creation:
         result = Creation()
+        objects = [o for batch in batches for o in batch]
         for i, obj in enumerate(objects):
             name = obj["metadata"]["name"]
+            self.calls.append(f"create {obj['kind']}")
             if obj["kind"] != "Pod":
-                result.created += self.create_all([obj])
+                if (obj["kind"], name) not in self.others:
+                    self.others[(obj["kind"], name)] = copy.deepcopy(obj)
+                    result.created.append(obj)
                 continue
-            self.calls.append("create Pod")
             role = obj["metadata"]["labels"][api.LABEL_ROLE]
             error = self.refuse.get(name)
             if error is None and role in self.invalid:
-                error = Refused(reconcile.Refusal(reconcile.INVALID, "Pod", name, self.invalid[role]))
+                error = Refused(Refusal(refusals.INVALID, "Pod", name, self.invalid[role]))
             if error is not None:
-                result.error = error
                 result.skipped += [o["metadata"]["name"] for o in objects[i:]]
+                if isinstance(error, Refused):
+                    result.refusal = error.refusal
+                else:
+                    result.error = error
                 break
-            if name in self.pods:
-                continue
-            pod = copy.deepcopy(obj)
-            pod["metadata"]["uid"] = f"uid-{next(self.uids)}"
-            pod["metadata"]["creationTimestamp"] = st.format_time(self.clock())
-            pod["status"] = {"phase": "Pending"}
-            if self.kueue is not None and kueue.QUEUE_LABEL in pod["metadata"]["labels"]:
-                pod["spec"]["schedulingGates"] = [{"name": kueue.GATE}]
-                pod["metadata"]["finalizers"] = [kueue.FINALIZER]
-            self._bump(pod)
-            self.pods[name] = pod
-            self._emit("pods", "ADDED", pod)
-            result.created.append(copy.deepcopy(pod))
+            if name not in self.pods:
+                result.created.append(self._create_pod(obj))
         return result
 
-    def delete_pods(self, pods, grace_seconds: int | None = None) -> list[dict]:
+    def _create_pod(self, obj: Obj) -> Obj:
+        pod = copy.deepcopy(obj)
+        pod["metadata"]["uid"] = f"uid-{next(self.uids)}"
+        pod["metadata"]["creationTimestamp"] = st.format_time(self.clock())
+        pod["status"] = {"phase": "Pending"}
+        if self.kueue is not None and kueue.QUEUE_LABEL in pod["metadata"]["labels"]:
+            pod["spec"]["schedulingGates"] = [{"name": kueue.GATE}]
+            pod["metadata"]["finalizers"] = [kueue.FINALIZER]
+        self._bump(pod)
+        self.pods[pod["metadata"]["name"]] = pod
+        self._emit("pods", "ADDED", pod)
+        return copy.deepcopy(pod)
+
+    def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> list[Obj]:
         gone = []
         for pod in pods:
             self.calls.append("delete Pod" if grace_seconds is None else f"delete Pod grace {grace_seconds}")
@@ -195,7 +277,7 @@ class FakeApi:
     def delete_pod(self, pod: dict, grace_seconds: int | None = None) -> bool:
         return not self.delete_pods([pod], grace_seconds)
 
-    def mark_unretriable(self, pods) -> None:
+    def mark_unretriable(self, pods: list[Obj]) -> None:
         for pod in pods:
             self.calls.append("mark unretriable")
             current = self.pods.get(pod["metadata"]["name"])
@@ -203,7 +285,7 @@ class FakeApi:
                 current["metadata"].setdefault("annotations", {})[kueue.RETRIABLE_ANNOTATION] = "false"
                 self.update_pod(current["metadata"]["name"])
 
-    def release_pods(self, pods) -> None:
+    def release_pods(self, pods: list[Obj]) -> None:
         for pod in pods:
             self.calls.append("release")
             current = self.pods.get(pod["metadata"]["name"])
@@ -221,29 +303,28 @@ class FakeApi:
             return False, None
         return True, self.kueue["queues"].get(name)
 
-    def workload(self, namespace: str, name: str) -> dict | None:
-        """The group's Workload; unless the test froze its owners, owned by every pod of the group, as Kueue's
-        controller makes it (EnsureWorkloadOwnedByAllMembers) moments after a pod appears."""
-        self.calls.append("get Workload")
-        found = copy.deepcopy((self.kueue or {}).get("workloads", {}).get(name))
-        if found is not None and "ownerReferences" not in found["metadata"]:
-            group = [p for p in self.pods.values() if p["metadata"]["labels"].get(kueue.GROUP_LABEL) == name]
-            found["metadata"]["ownerReferences"] = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in group]
-        return found
-
-    def node_lost(self, name: str) -> bool:
+    def get_node(self, name: str) -> Obj | None:
+        """A Ready node, or one whose kubelet said NotReady when it stopped reporting (`lost_nodes`)."""
         self.calls.append("get Node")
-        return name in self.lost_nodes
+        since = self.lost_nodes.get(name)
+        ready = {"type": "Ready", "status": "True" if since is None else "False"}
+        if since is not None:
+            ready["lastTransitionTime"] = st.format_time(since)
+        return {"metadata": {"name": name}, "status": {"conditions": [ready]}}
 
-    def pod_log_tail(self, pod: dict, container: str, since_seconds: int, limit_bytes: int) -> str:
+    def pod_log_tail(self, pod: Obj, container: str, since_seconds: int, limit_bytes: int) -> str:
         self.calls.append(f"read log {pod['metadata']['name']}")
         if self.unreadable_logs:
             raise LogUnreadable("500: no preferred addresses found; known addresses: []")
         return self.logs.get(pod["metadata"]["name"], "")
 
-    def event(self, job: dict, type_: str, reason: str, message: str) -> None:
+    def event(self, job: Obj, type_: str, reason: str, message: str) -> None:
         self.calls.append("create Event")
         self.recorded.append((type_, reason, message))
+
+
+def _implements(fake: FakeApi) -> KubeApi:
+    return fake  # mypy checks here that the fake implements every method the operator uses, with its signature
 
 
 def _apply(target: Any, patch: Any) -> Any:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from kubetf import api, builders
+from kubetf.core import api, builders
 
 from .jobs import VALID_JOBS, container, job, replica
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from kubetf import policy
-from kubetf import status as st
-from kubetf.cache import Store, slim_pod
+from kubetf.cluster.cache import Store, slim_pod
+from kubetf.core import policy
+from kubetf.core import status as st
 
 pytestmark = pytest.mark.unit
 
@@ -53,21 +53,21 @@ def test_slim_pods_keep_what_the_decisions_read_and_little_else():
 
 
 def test_an_older_version_never_replaces_a_newer_one():
-    store = Store()
+    store = Store(tombstone_seconds=300)
     assert store.put_pod(KEY, pod(version=12))
     assert not store.put_pod(KEY, pod(version=11, phase="Failed"))
     assert store.job_pods(KEY)[0]["status"]["phase"] == "Running"
 
 
 def test_only_changes_the_decisions_read_count_as_changes():
-    store = Store()
+    store = Store(tombstone_seconds=300)
     store.put_pod(KEY, pod(version=1))
     assert not store.put_pod(KEY, pod(version=2))  # e.g. a new annotation
     assert store.put_pod(KEY, pod(version=3, phase="Failed"))
 
 
 def test_a_fresh_list_removes_pods_whose_deletion_the_watch_missed_but_keeps_newer_ones():
-    store = Store()
+    store = Store(tombstone_seconds=300)
     store.put_pod(KEY, pod("mnist-worker-0", version=5))
     store.put_pod(KEY, pod("mnist-worker-1", version=30))  # created after the list below was taken
     assert store.replace_pods(KEY, [], list_version=20)
@@ -76,7 +76,7 @@ def test_a_fresh_list_removes_pods_whose_deletion_the_watch_missed_but_keeps_new
 
 
 def test_pruning_by_a_list_of_names_drops_what_it_misses_but_keeps_newer_pods():
-    store = Store()
+    store = Store(tombstone_seconds=300)
     store.put_pod(KEY, pod("mnist-worker-0", version=5))
     store.put_pod(KEY, pod("mnist-worker-1", version=30))  # created after the list below was taken
     assert not store.prune_pods(KEY, {"mnist-worker-0"}, list_version=20)
@@ -86,9 +86,23 @@ def test_pruning_by_a_list_of_names_drops_what_it_misses_but_keeps_newer_pods():
 
 
 def test_a_deleted_pod_never_comes_back_from_a_list_taken_before_its_deletion():
-    store = Store()
+    store = Store(tombstone_seconds=300)
     store.put_pod(KEY, pod(version=5))
     assert store.remove_pod(KEY, "mnist-worker-0", "uid-mnist-worker-0")  # the DELETED event comes first ...
     assert not store.put_pod(KEY, pod(version=5))  # ... then the older list is stored: ignored
     store.replace_pods(KEY, [pod(version=5)], list_version=6)
     assert store.job_pods(KEY) == []
+
+
+def test_the_cached_pod_count_follows_puts_removals_and_prunes():
+    store = Store(tombstone_seconds=300)
+    key = ("team-a", "mnist")
+    for i in range(3):
+        store.put_pod(key, {"metadata": {"name": f"p{i}", "uid": f"u{i}", "resourceVersion": "5"}})
+    store.put_pod(key, {"metadata": {"name": "p0", "uid": "u0", "resourceVersion": "6"}})  # an update, not a pod
+    assert store.pod_count() == 3
+    store.remove_pod(key, "p1", "u1")
+    store.remove_pod(key, "p1", "u1")  # a second DELETED changes nothing
+    assert store.pod_count() == 2
+    store.prune_pods(key, {"p0"}, 10)
+    assert store.pod_count() == 1 == sum(len(p) for p in store.pods.values())

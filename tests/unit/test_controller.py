@@ -1,14 +1,17 @@
 """The reconcile shell (`Controller`) on an in-memory API: cache, expectations, priorities, batching, backoff."""
 
 import dataclasses
+import socket
+import threading
 import time
 
 import pytest
+from kubernetes import client
 
-from kubetf import sigterm
-from kubetf.config import OperatorConfig
-from kubetf.controller import NORMAL, RESYNC, URGENT, Controller
-from kubetf.kube import Kube, NotLeader
+from kubetf.cluster.kube import Kube, NotLeader
+from kubetf.core.config import DEFAULTS, OperatorConfig
+from kubetf.runtime.controller import NORMAL, RESYNC, URGENT, Controller
+from tests.cluster.fixture import wait_for
 
 from .fake_api import FakeApi
 from .jobs import job, replica
@@ -70,6 +73,31 @@ def test_reconciled_before_the_watch_showed_its_own_pods_it_creates_no_duplicate
     assert plan.create == []
     assert shell.status()["restarts"]["disruptions"] == 0
     assert shell.api.calls.count("create Pod") == 3
+
+
+def test_the_event_that_ends_a_wait_for_the_watch_is_never_lost_between_the_check_and_the_wait():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)  # creates three pods: the watch has not shown them yet
+    shell.queued()
+    expectations = shell.controller.expectations
+    check = expectations.defer
+
+    def check_then_the_watch_delivers(key, priority):
+        until = check(key, priority)
+        # The watch thread delivers the three ADDED events right after the check. While the check and the record
+        # of the wait are one step, it waits for that step; it must not land in between.
+        delivery = threading.Thread(target=shell.api.deliver, args=(shell.controller,))
+        delivery.start()
+        delivery.join(0.5)
+        deliveries.append(delivery)
+        return until
+
+    deliveries: list[threading.Thread] = []
+    expectations.defer = check_then_the_watch_delivers
+    assert shell.controller.reconcile(shell.key, URGENT) is None  # a trigger while the pods are not shown yet
+    deliveries[0].join(5)
+    # The job is handed out again now, at the priority it came with, not after the 30 s expectation timeout.
+    assert shell.queued() == [(shell.key, URGENT)]
 
 
 def test_the_echo_of_its_own_status_write_costs_no_reconcile():
@@ -141,32 +169,35 @@ def test_a_refused_create_keeps_what_was_created_and_backs_off_per_job():
     assert shell.status()["tasks"]["chief-0"]["state"] == "Created"
     # Nothing waits for the refused creates: the retry is not held back by expectations.
     shell.api.deliver(shell.controller)
-    assert shell.controller.expectations.waiting_until(shell.key) is None
+    assert shell.key not in shell.controller.expectations.pending
     del shell.api.refuse["mnist-worker-0"]
     shell.controller.reconcile(shell.key)
     assert sorted(shell.api.pods) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
     assert shell.status()["restarts"] == {"failures": 0, "disruptions": 0, "total": 0}
 
 
-def test_a_resync_rereads_the_api_and_acts_on_a_deletion_the_watch_missed():
+def test_the_periodic_refresh_relists_and_acts_on_a_deletion_the_watch_missed():
     shell = Shell(mwms())
     shell.running()
     shell.api.pods.pop("mnist-worker-0")  # deleted during a watch gap: no event ever comes
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 0  # the cache cannot know
-    shell.controller.reconcile(shell.key, RESYNC)
+    shell.queued()
+    shell.controller.refresh()
+    assert shell.queued() == [(shell.key, URGENT)]
+    shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 1
     assert shell.status()["phase"] == "Restarting"
 
 
-def test_a_deadline_timer_adds_to_the_safety_resync_instead_of_replacing_it():
+def test_no_job_is_polled_on_its_own_only_its_exact_timers_are_set():
+    """The safety net is one paged re-list of everything every resync_seconds (Controller.refresh), not a re-read
+    per job: 5,000 queued jobs would cost 17 calls a second at one re-read each per 10 minutes."""
     document = mwms()
     document["spec"]["runPolicy"] = {"activeDeadlineSeconds": 86400, "startupTimeoutSeconds": 2 * 86400}
     shell = Shell(document)
     shell.controller.reconcile(shell.key)
-    due = shell.controller.queue.due
-    assert due[(shell.key, NORMAL)] == T0 + 86400
-    assert T0 + 480 <= due[(shell.key, RESYNC)] <= T0 + 720
+    assert dict(shell.controller.queue.due) == {(shell.key, NORMAL): T0 + 86400}
 
 
 def test_a_primed_operator_sees_every_pod_before_it_reconciles():
@@ -190,13 +221,25 @@ def test_writes_are_refused_without_the_lease_before_anything_is_sent():
 
 
 def test_config_defaults_are_stated_once():
-    from kubetf import cli
+    from kubetf.cli import main as cli
+
+    assert cli.operator_config(cli.build_parser().parse_args(["operator"])) == OperatorConfig()
+    from kubetf.runtime.runner import where_it_runs
+
+    assert where_it_runs(dataclasses.replace(OperatorConfig(), identity="x")).identity == "x"
+
+
+def test_the_timing_an_operator_of_the_cluster_tunes_comes_from_flags(capsys):
+    from kubetf.cli import main as cli
 
     parser = cli.build_parser()
-    args = parser.parse_args(["operator"])
-    defaults = OperatorConfig()
-    assert (args.qps, args.burst, args.workers) == (defaults.qps, defaults.burst, defaults.workers)
-    assert dataclasses.replace(defaults, identity="x").with_runtime_defaults().identity == "x"
+    flags = ["operator", "--node-monitor-grace-period", "40", "--api-timeout", "3,10", "--scheduling-grace", "5"]
+    config = cli.operator_config(parser.parse_args(flags))
+    assert (config.node_monitor_grace, config.api_timeout, config.scheduling_grace) == (40.0, (3.0, 10.0), 5.0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["operator", "--log-timeout", "4"])
+    assert "--log-timeout: expected CONNECT,READ seconds (like 5,30), got '4'" in capsys.readouterr().err
+    assert "--api-timeout" in cli.operator_config(parser.parse_args(["operator", "--api-timeout", "0,1"])).problem()
 
 
 def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for():
@@ -218,32 +261,32 @@ def test_a_deletion_the_watch_showed_while_the_reconcile_ran_is_not_waited_for()
     shell.controller.reconcile(shell.key)  # the group restart deletes the chief and worker-0
     store.job_pods = real_job_pods
     shell.api.deliver(shell.controller)
-    assert shell.controller.expectations.waiting_until(shell.key) is None
+    assert shell.key not in shell.controller.expectations.pending
 
 
-def test_an_audit_after_the_start_acts_on_a_deletion_no_watch_showed():
+def test_the_refresh_after_the_start_acts_on_a_deletion_no_watch_showed():
     shell = Shell(mwms()).running()
     shell.queued()
     shell.api.pods.pop("mnist-worker-0")  # between the priming list and the watch's own: no event ever comes
-    shell.controller.audit()
+    shell.controller.refresh()
     assert shell.queued() == [(shell.key, URGENT)]
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["disruptions"] == 1
 
 
-def test_an_audit_after_the_start_acts_on_a_failure_no_watch_showed():
+def test_the_refresh_after_the_start_acts_on_a_failure_no_watch_showed():
     shell = Shell(mwms()).running()
     shell.queued()
     failed = shell.api.pods["mnist-worker-0"]
     failed["status"] = {"phase": "Failed"}
     shell.api._bump(failed)  # changed while no watch ran: no event
-    shell.controller.audit()
+    shell.controller.refresh()
     assert shell.queued() == [(shell.key, URGENT)]
     shell.controller.reconcile(shell.key)
     assert shell.status()["restarts"]["failures"] == 1
 
 
-def test_a_relist_after_the_start_audits_so_a_deletion_it_cannot_show_is_acted_on():
+def test_a_relist_after_the_start_refreshes_so_a_deletion_it_cannot_show_is_acted_on():
     shell = Shell(mwms()).running()
     shell.queued()
     shell.controller.audit_on_list = True  # the audit after the start is done
@@ -315,7 +358,7 @@ def test_a_program_that_saves_on_sigterm_keeps_the_pods_own_grace_period():
     shell.now = T0 + 6
     shell.controller.reconcile(shell.key)
     assert _deletions(shell) == ["delete Pod", "delete Pod"]  # with their own grace period
-    assert shell.api.calls.count("read log mnist-worker-1") == len(sigterm.CHECKS_AFTER_SIGTERM)
+    assert shell.api.calls.count("read log mnist-worker-1") == len(DEFAULTS.sigterm_checks)
     assert not [r for _, r, _ in shell.api.recorded if r == "SigtermIgnored"]
 
 
@@ -339,20 +382,31 @@ def test_a_member_whose_pod_is_already_gone_gets_the_rest_of_its_group_deleted_a
     assert not any(c.startswith("read log") for c in shell.api.calls)
 
 
-def test_pods_deleted_at_the_end_have_their_logs_left_alone():
+def test_pods_deleted_at_the_end_go_at_once_and_have_their_logs_left_alone():
     shell = Shell(mwms()).running()
     _training(shell, *shell.api.pods)
     _ended(shell, "mnist-chief-0", "Succeeded")
-    for seconds in (0, 2, 4, 6):  # Succeeded: the workers still running are deleted (cleanPodPolicy), one first
-        shell.now = T0 + seconds
-        shell.controller.reconcile(shell.key)
-        shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)  # Succeeded: the workers still running are deleted (cleanPodPolicy)
     assert shell.status()["phase"] == "Succeeded" and _deletions(shell) == ["delete Pod", "delete Pod"]
+    shell.api.deliver(shell.controller)
     shell.api.calls.clear()
-    for seconds in (8, 10, 12, 14):  # both terminating, with nothing left to decide
+    for seconds in (2, 4, 6, 8):  # both terminating, with nothing left to decide
         shell.now = T0 + seconds
         shell.controller.reconcile(shell.key)
     assert not any(c.startswith("read log") for c in shell.api.calls)
+
+
+def test_suspending_deletes_every_pod_at_once_with_its_own_grace_period():
+    for document in (mwms(), job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1))):
+        shell = Shell(document).running()
+        _training(shell, *shell.api.pods)
+        shell.api.jobs[shell.key]["spec"]["runPolicy"] = {"suspend": True}
+        shell.api.update_job(shell.key)
+        shell.api.deliver(shell.controller)
+        shell.api.calls.clear()
+        shell.controller.reconcile(shell.key)
+        assert _deletions(shell) == ["delete Pod"] * len(shell.api.pods), document["spec"]["strategy"]
+        assert not any(c.startswith("read log") for c in shell.api.calls)
 
 
 def test_a_restart_after_a_failure_deletes_the_group_at_once():
@@ -382,3 +436,86 @@ def test_a_member_marked_for_eviction_is_sent_sigterm_first_and_the_rest_wait_fo
     shell.now = T0 + 2
     shell.controller.reconcile(shell.key)
     assert _deletions(shell) == ["delete Pod", "delete Pod grace 1", "delete Pod grace 1"]
+
+
+def test_a_decision_refused_for_want_of_the_lease_runs_again_once_it_is_held_from_a_fresh_read():
+    shell = Shell(mwms())
+    shell.running()
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    shell.controller.leadership(False)  # the election lost the lease: writes are refused
+    leading = {"now": False}
+    original = shell.api.patch_job_status
+
+    def patch_without_the_lease(*args):
+        if not leading["now"]:
+            raise NotLeader("patch trainingjobs/status: this operator does not hold the leader lease")
+        return original(*args)
+
+    shell.api.patch_job_status = patch_without_the_lease
+    shell.controller.queue.add(shell.key, URGENT)
+    shell.controller.start()
+    try:
+        wait_for(lambda: shell.key in shell.controller.refused, 5, "the refused decision kept")
+        assert shell.controller.queue.due.get((shell.key, URGENT)) is None  # no spinning while not the leader
+        shell.api.pods.pop("mnist-worker-0")  # deleted meanwhile, and the watch missed it
+        leading["now"] = True
+        shell.controller.leadership(True)
+        wait_for(lambda: shell.status().get("restarts", {}).get("total") == 1, 5, "the restart decided")
+    finally:
+        shell.controller.stop()
+    restarts = shell.status()["restarts"]
+    assert (restarts["failures"], restarts["disruptions"]) == (0, 1), restarts  # the fresh read saw the deletion
+    assert shell.controller.refused == {}
+
+
+def test_namespace_patterns_list_everything_and_keep_only_what_they_match():
+    config = OperatorConfig(namespaces=("it-gw0-*", "team-a"))
+    assert config.list_scopes() == ("",)
+    assert [config.serves(n) for n in ("it-gw0-1f2e", "team-a", "it-gw1-1f2e", "team-ab")] == [True, True, False, False]
+    assert OperatorConfig(namespaces=("a", "b")).list_scopes() == ("a", "b")
+    assert OperatorConfig().list_scopes() == ("",) and OperatorConfig().serves("anything")
+    shell = Shell(mwms(), namespaces=("it-*",))  # the job is in namespace team-a: not served
+    restarted = Controller(shell.api, shell.controller.config, clock=lambda: shell.now)
+    restarted.prime()
+    assert restarted.store.job_count() == 0
+
+
+def test_a_kubelet_that_does_not_answer_holds_a_reconcile_for_the_log_timeout_only():
+    """Logs come through the pod's node: a silent kubelet (a partitioned node) must not hold one of the reconcile
+    workers for the API's 30 s read timeout. The group restart then goes ahead as if the log were unreadable."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections, never answers
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    before = client.Configuration.get_default_copy()
+    client.Configuration.set_default(configuration)
+    try:
+        config = OperatorConfig(log_timeout=(0.5, 0.5))
+        kube = Kube(config.qps, config.burst, config.api_timeout, log_timeout=config.log_timeout)
+        pod = {"metadata": {"name": "mnist-worker-1", "namespace": "team-a", "uid": "u"}}
+        started = time.monotonic()
+        with pytest.raises(Exception):  # noqa: B017 - whichever way urllib3 reports the timeout
+            kube.pod_log_tail(pod, "tensorflow", 5, 1024)
+        assert time.monotonic() - started < 5
+    finally:
+        client.Configuration.set_default(before)
+        silent.close()
+    assert DEFAULTS.log_timeout[0] + DEFAULTS.log_timeout[1] <= 10  # a few seconds by default, not 30
+
+
+def test_a_deleted_jobs_sigterm_watch_and_deferred_reconcile_are_dropped():
+    shell = Shell(mwms()).running()
+    _evicted(shell, "mnist-worker-1")
+    shell.controller.reconcile(shell.key)  # holds the group restart while worker-1's log is looked at
+    assert shell.key in shell.controller.executor.sigterm
+    shell.controller.expectations.expect(shell.key, creations=["never-shown"])
+    assert shell.controller.expectations.defer(shell.key, NORMAL) is not None
+    shell.api.delete_job(*shell.key)
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    assert shell.key not in shell.controller.executor.sigterm
+    assert shell.key not in shell.controller.expectations.deferred

@@ -6,8 +6,8 @@ import sys
 import pytest
 import yaml
 
-from kubetf import api, builders, policy
-from kubetf.convert import ConversionError, convert
+from kubetf.core import api, builders, policy
+from kubetf.core.convert import ConversionError, convert
 
 CLEAN_PS = "spec.runPolicy.cleanPodPolicy: not set, so Kubeflow (default None) left ps pods running after the job "
 CLEAN_PS += "ended; kubetf's default Running stops them (set cleanPodPolicy: None to keep them)"
@@ -269,15 +269,15 @@ def test_run_policy_carries_over_or_is_explained_field_by_field():
     assert job["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a"}
     for spec in job["spec"]["replicaSpecs"].values():
         assert spec["template"]["spec"]["priorityClassName"] == "high"
-    gang = "kubetf has no gang scheduling: it creates every pod at once, and runPolicy.startupTimeoutSeconds fails "
-    gang += "a job whose pods cannot all start"
+    gang = "carried over as Kueue's pod group: Kueue admits all of the job's pods together or none (kubetf asks "
+    gang += "for every replica, not a part of them)"
     assert conversion.notes == [
         "spec.tfReplicaSpecs.Chief.restartPolicy: ExitCode now retries exit codes 128-255 up to "
         "runPolicy.backoffLimit (Kubeflow retried them without limit); 137, 143 and 42 are preemptions and never count",
-        f"spec.runPolicy.schedulingPolicy.minAvailable: not carried over: {gang}",
+        f"spec.runPolicy.schedulingPolicy.minAvailable: {gang}",
         "spec.runPolicy.schedulingPolicy.queue: set as the kueue.x-k8s.io/queue-name label: Kueue admits the job "
         "from LocalQueue team-a (Kubeflow gave the queue to Volcano's PodGroup)",
-        f"spec.runPolicy.schedulingPolicy.minResources: not carried over: {gang}",
+        f"spec.runPolicy.schedulingPolicy.minResources: {gang}",
         "spec.runPolicy.schedulingPolicy.priorityClass: set as priorityClassName on every pod template that has "
         "none (Kubeflow gave it to the gang-scheduling PodGroup)",
         "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: not carried over: runPolicy.startupTimeoutSeconds "
@@ -285,6 +285,15 @@ def test_run_policy_carries_over_or_is_explained_field_by_field():
         "spec.runPolicy.managedBy: kubeflow.org/training-operator dropped: the kubetf operator runs every TrainingJob",
     ]
     assert api.validate(job) == []
+
+
+def test_gang_scheduling_without_a_queue_says_how_to_get_all_or_nothing_admission():
+    document = tfjob({"Worker": kf_replica(2)}, runPolicy={"schedulingPolicy": {"minAvailable": 2}})
+    assert convert(document).notes == [
+        "spec.runPolicy.schedulingPolicy.minAvailable: not carried over: without a Kueue queue kubetf creates every "
+        "pod at once, and runPolicy.startupTimeoutSeconds fails a job whose pods cannot all start; add the label "
+        "kueue.x-k8s.io/queue-name for all-or-nothing admission"
+    ]
 
 
 def test_the_queue_label_wins_over_a_different_scheduling_policy_queue():

@@ -5,9 +5,11 @@ import json
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf import reconcile
-from kubetf.kube import Kube, Refused, refusal
-from kubetf.reconcile import DENIED, INVALID, NAME_IN_USE, Refusal
+from kubetf.cluster.kube import Kube, Refused, refusal
+from kubetf.core import reconcile, refusals
+from kubetf.core.config import OperatorConfig
+from kubetf.core.plan import Observed
+from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 from tests.cluster.fixture import wait_for
 
 from .jobs import job, replica
@@ -51,8 +53,10 @@ def api_error(status, message):
         (403, 'pods "x" is forbidden: maximum memory usage per Container is 1Gi, but limit is 2Gi', DENIED),
         (400, 'admission webhook "deny.example.com" denied the request: no GPUs on Sundays', DENIED),
         (422, "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: images from our registry", DENIED),
-        (500, "etcdserver: request timed out", None),
-        (429, "too many requests", None),
+        (500, "etcdserver: request timed out", UNAVAILABLE),
+        (429, "too many requests", UNAVAILABLE),
+        (500, 'Internal error occurred: failed calling webhook "mpod.kb.io": connection refused', UNAVAILABLE),
+        (504, "Timeout: request did not complete within the allotted timeout", UNAVAILABLE),
     ],
 )
 def test_a_refused_create_is_classified_from_the_api_servers_answer(status, message, cause):
@@ -366,8 +370,59 @@ def test_the_refusal_reason_stays_until_the_creates_go_through():
         "phase": "Pending",
         "reason": "CreateRejected",
         "conditions": [{"type": "Pending", "status": "True", "reason": "CreateRejected", "message": "m"}],
-        reconcile.REFUSED_SINCE: "2027-01-15T08:00:00Z",
+        refusals.REFUSED_SINCE: "2027-01-15T08:00:00Z",
     }
-    plan = reconcile.plan(document, [], T0 + 5)
+    plan = reconcile.plan(Observed(document, [], T0 + 5), OperatorConfig())
     assert plan.status["reason"] == "CreateRejected" and plan.events == []
     assert len(plan.create) == 3
+
+
+# ------------------------------------------------------------------ an API server or webhook that cannot answer
+
+WEBHOOK_DOWN = (
+    'Internal error occurred: failed calling webhook "mpod.kb.io": failed to call webhook: Post '
+    '"https://kueue-webhook-service.kueue-system.svc:443/mutate--v1-pod?timeout=10s": connect: connection refused'
+)
+
+
+def unavailable(name):
+    return Refused(Refusal(UNAVAILABLE, "Pod", name, WEBHOOK_DOWN))
+
+
+def test_a_webhook_that_cannot_be_called_is_named_at_once_and_time_does_not_count():
+    shell = Shell(mwms(startupTimeoutSeconds=60))
+    shell.api.refuse["mnist-chief-0"] = unavailable("mnist-chief-0")
+    with pytest.raises(Refused):
+        shell.controller.reconcile(shell.key)
+    status = shell.status()
+    assert (status["phase"], status["reason"]) == ("Pending", "CreateUnavailable")
+    assert 'failed calling webhook "mpod.kb.io"' in condition(shell)["message"]
+    assert shell.api.recorded[-1][:2] == ("Warning", "CreateUnavailable")
+    assert "createRejectedSince" not in status  # nothing counts against startupTimeoutSeconds
+    for minutes in range(1, 6):  # down for five minutes, five times the startup timeout
+        shell.now = T0 + 60 * minutes
+        with pytest.raises(Refused):
+            shell.controller.reconcile(shell.key)
+    assert shell.status()["phase"] == "Pending"
+    assert [r for t, r, _ in shell.api.recorded if t == "Warning"] == ["CreateUnavailable"]  # said once
+    del shell.api.refuse["mnist-chief-0"]
+    shell.controller.reconcile(shell.key)
+    status = shell.status()
+    assert len(shell.api.pods) == 3 and status["reason"] == "PodsStarting"
+    assert "createUnavailableSince" not in status
+
+
+def test_an_unavailable_api_is_retried_at_most_five_seconds_apart():
+    shell = Shell(mwms())
+    shell.api.refuse["mnist-chief-0"] = unavailable("mnist-chief-0")
+    shell.controller.queue.failures[shell.key] = 20  # long past the default cap
+    fail_once_in_the_worker_loop(shell, failures=21)
+    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 5
+
+
+def test_a_server_error_outside_a_create_is_retried_soon_too():
+    shell = Shell(mwms())
+    shell.api.patch_job_status = lambda *a: (_ for _ in ()).throw(api_error(503, "the server is shutting down"))
+    shell.controller.queue.failures[shell.key] = 20
+    fail_once_in_the_worker_loop(shell, failures=21)
+    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 5

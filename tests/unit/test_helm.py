@@ -38,8 +38,15 @@ OPERATOR_PERMISSIONS = {
     *(("", "services", verb) for verb in ("get", "list", "create")),
     *(("", "persistentvolumeclaims", verb) for verb in ("get", "list", "create")),
     *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),
-    *(("kueue.x-k8s.io", resource, "get") for resource in ("localqueues", "workloads")),  # where a queued job waits
+    # Kueue: LocalQueues and Workloads watched, a queued job's place read from the visibility API
+    *(
+        ("kueue.x-k8s.io", resource, verb)
+        for resource in ("localqueues", "workloads")
+        for verb in ("get", "list", "watch")
+    ),
+    ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
 }
+CLUSTER_QUEUES = {("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads", "get")}  # cluster-wide only
 # kopf's own, cluster-wide: it watches CRDs, and with explicit namespaces also Namespace objects.
 KOPF_CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
 KOPF_NAMESPACES = {("", "namespaces", verb) for verb in ("list", "watch")}
@@ -236,7 +243,7 @@ def assert_least_privilege(roles: Iterable[Obj]) -> None:
 def test_clusterwide_rbac_is_exactly_what_the_operator_uses() -> None:
     objects = installed_by_kubectl()
     role = one(objects, "ClusterRole")
-    assert permissions(role) == OPERATOR_PERMISSIONS | KOPF_CRDS | NODES
+    assert permissions(role) == OPERATOR_PERMISSIONS | CLUSTER_QUEUES | KOPF_CRDS | NODES
     # Namespaced: only the leader election's Lease, in the operator's own namespace, and only that one by name.
     (lease_role,) = by_kind(objects, "Role")
     assert (lease_role["metadata"]["name"], lease_role["metadata"]["namespace"]) == (LEASE_ROLE, NAMESPACE)

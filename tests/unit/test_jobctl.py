@@ -1,4 +1,4 @@
-from kubetf import jobctl
+from kubetf.cli import jobctl
 
 from .jobs import job, replica
 

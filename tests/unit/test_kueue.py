@@ -3,9 +3,9 @@ restart protocol that keeps (or gives back) the job's admission. The test plays 
 
 import pytest
 
-from kubetf import api, builders, kueue
-from kubetf import status as st
-from kubetf.cache import pod_signature, slim_pod
+from kubetf.cluster.cache import pod_signature, slim_pod
+from kubetf.core import api, builders, kueue
+from kubetf.core import status as st
 
 from .jobs import job, replica
 from .test_reconcile import Sim, mwms_job, ps_job
@@ -24,15 +24,21 @@ def kueue_sim(document, queues=None):
     return sim
 
 
-def set_workload(sim, **conditions):
-    """The group's Workload with these conditions: type=(status, message)."""
+def set_workload(sim, at=None, **conditions):
+    """The group's Workload with these conditions: type=(status, message), changed at `at` (default: now)."""
     name = kueue.group_name(sim.job)
     workload = sim.api.kueue["workloads"].setdefault(name, {"metadata": {"name": name}})
-    workload["status"] = {"conditions": [{"type": t, "status": s, "message": m} for t, (s, m) in conditions.items()]}
+    stamp = st.format_time(sim.now if at is None else at)
+    workload["status"] = {
+        "conditions": [
+            {"type": t, "status": s, "message": m, "lastTransitionTime": stamp} for t, (s, m) in conditions.items()
+        ]
+    }
 
 
-def admit(sim):
-    set_workload(sim, QuotaReserved=("True", "Quota reserved"), Admitted=("True", "The workload is admitted"))
+def admit(sim, at=None):
+    """Kueue admits the group (at `at`, default now) and ungates its pods."""
+    set_workload(sim, at, QuotaReserved=("True", "Quota reserved"), Admitted=("True", "The workload is admitted"))
     for name, pod in sim.pods.items():
         if kueue.is_gated(pod):
             pod["spec"]["schedulingGates"] = []
@@ -147,9 +153,7 @@ def test_a_queued_job_says_where_it_waits_in_kueues_words_until_admitted():
     plan = sim.step()
     assert len(plan.create) == 3 and all(kueue.is_gated(p) for p in sim.pods.values())
     assert sim.status["phase"] == "Queued"
-    assert plan.requeue_at is not None and plan.requeue_at <= sim.now + 2  # no event comes from Kueue: look again
-    plan = sim.step()
-    assert plan.requeue_at is not None and plan.requeue_at <= sim.now + 2  # Kueue's Workload is due any moment
+    assert plan.requeue_at is None  # Kueue's Workload is watched: nothing is polled
     set_workload(
         sim,
         QuotaReserved=(
@@ -157,12 +161,15 @@ def test_a_queued_job_says_where_it_waits_in_kueues_words_until_admitted():
             "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu, 2 more needed",
         ),
     )
+    sim.api.deliver(sim.controller)
+    assert sim.controller.queue.get()[0] == sim.key  # the Workload's change brings the job back
+    sim.controller.queue.done(sim.key)
     plan = sim.step(advance=30)
     message = sim.condition()["message"]
     assert sim.status["phase"] == "Queued" and sim.condition()["reason"] == "Queued"
     assert f"LocalQueue {QUEUE} (ClusterQueue {CLUSTER_QUEUE})" in message
     assert "all 3 pods" in message and "insufficient unused quota for nvidia.com/gpu, 2 more needed" in message
-    assert plan.requeue_at is not None and sim.now + 2 < plan.requeue_at <= sim.now + 30  # read again, unhurried
+    assert plan.requeue_at is None
     assert [r for _, r, _ in sim.api.recorded if r == "Queued"] == []  # waiting in a queue is no warning
     admit(sim)
     sim.step()
@@ -293,8 +300,11 @@ def test_suspend_gives_the_quota_back_and_resume_waits_for_the_finished_workload
     sim.job["spec"]["runPolicy"]["suspend"] = False
     sim.api.update_job(sim.key)
     plan = sim.step()
-    assert plan.create == [] and plan.requeue_at is not None
+    assert plan.create == [] and plan.requeue_at is None  # no timer: the Workload's deletion is watched
     del sim.api.kueue["workloads"][kueue.group_name(sim.job)]
+    sim.api.deliver(sim.controller)
+    assert sim.controller.queue.get()[0] == sim.key
+    sim.controller.queue.done(sim.key)
     plan = sim.step(advance=2)
     assert len(plan.create) == 3
     assert sim.status["phase"] == "Queued"
@@ -353,3 +363,132 @@ def test_the_last_old_pod_owning_the_workload_stays_until_kueue_made_a_new_pod_a
         sim.step()
         admit(sim)
     assert {sim.attempt(n) for n in sim.pods} == {"1"} and len(sim.pods) == 3
+
+
+# ---------------------------------------------------------------------- watched, not polled
+
+
+def drain(sim):
+    """Forget every queued reconcile and timer of the job."""
+    queue = sim.controller.queue
+    with queue.cond:
+        queue.timers.clear()
+        queue.due.clear()
+    while len(queue):
+        key, _ = queue.get()
+        queue.done(key)
+
+
+def test_a_queued_job_costs_no_api_call_while_it_waits():
+    sim = kueue_sim(queued(mwms_job()))
+    sim.step()
+    set_workload(sim, QuotaReserved=("False", "insufficient unused quota for nvidia.com/gpu, 2 more needed"))
+    sim.step()
+    sim.api.calls.clear()
+    for _ in range(10):
+        sim.step(advance=600)
+    assert sim.status["phase"] == "Queued"
+    assert sim.api.calls == []
+
+
+def test_a_workloads_new_owner_releases_the_last_old_pod_at_once():
+    """A preempted group is complete again (admissible) as soon as Kueue has made a new pod an owner of the
+    Workload: the operator sees that change as a watch event, not at its next timer."""
+    sim = admitted_and_running(queued(mwms_job()))
+    workload = sim.api.kueue["workloads"][kueue.group_name(sim.job)]
+    old = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in sim.pods.values()]
+    workload["metadata"]["ownerReferences"] = old  # Kueue has not adopted the new pods yet
+    kueue_preempts(sim)
+    sim.step()
+    terminate(sim)
+    for _ in range(3):
+        sim.step()
+    assert len(sim.pods) == 3 and sum(st.pod_task(p)[2] == 0 for p in sim.pods.values()) == 1
+    drain(sim)  # nothing queued, no timer: only a watch event can bring the job back
+    del workload["metadata"]["ownerReferences"]  # Kueue's reconcile adds the new pods as owners
+    sim.api.deliver(sim.controller)
+    assert sim.controller.queue.get() == (sim.key, 0)  # URGENT
+    sim.controller.queue.done(sim.key)
+    sim.step()  # the last old pod released ...
+    sim.step()  # ... gone: its replacement created
+    assert {sim.attempt(n) for n in sim.pods} == {"1"} and len(sim.pods) == 3
+
+
+def test_a_local_queue_created_after_the_job_brings_it_back():
+    sim = kueue_sim(queued(mwms_job()), queues={})
+    sim.step()
+    assert sim.condition()["reason"] == "LocalQueueNotFound"
+    sim.api.kueue["queues"][QUEUE] = CLUSTER_QUEUE
+    sim.api.deliver(sim.controller)
+    assert sim.controller.queue.get()[0] == sim.key
+    sim.controller.queue.done(sim.key)
+    sim.step()
+    assert (sim.status["phase"], sim.condition()["reason"]) == ("Queued", "Queued")
+
+
+def test_a_queued_job_says_its_place_in_the_cluster_queue_from_kueues_visibility_api():
+    sim = kueue_sim(queued(mwms_job()))
+    sim.step()
+    name = kueue.group_name(sim.job)
+    set_workload(sim, QuotaReserved=("False", "insufficient unused quota"))
+    sim.api.kueue["pending"] = {CLUSTER_QUEUE: ["someone-else", "and-another", name]}
+    sim.step()
+    sim.controller.positions.poll()
+    sim.step()
+    assert sim.status["queuePosition"] == 2
+    assert "2 ahead in its ClusterQueue" in sim.condition()["message"]
+    sim.api.kueue["pending"] = {CLUSTER_QUEUE: [name]}
+    sim.controller.positions.poll()
+    sim.step()
+    assert sim.status["queuePosition"] == 0 and "next in its ClusterQueue" in sim.condition()["message"]
+    writes = sim.api.calls.count("patch status")
+    drain(sim)
+    sim.controller.positions.poll()  # nothing moved: no reconcile, no write
+    assert len(sim.controller.queue) == 0
+    sim.step()
+    assert sim.api.calls.count("patch status") == writes
+    admit(sim)
+    sim.step()
+    assert "queuePosition" not in sim.status and "queuedSince" not in sim.status
+
+
+def test_without_kueues_visibility_api_a_queued_job_just_says_nothing_of_its_place():
+    sim = kueue_sim(queued(mwms_job()))
+    sim.step()
+    sim.controller.positions.poll()  # 404: not served
+    sim.step()
+    assert sim.status["phase"] == "Queued" and "queuePosition" not in sim.status
+    calls = sim.api.calls.count(f"get clusterqueues/{CLUSTER_QUEUE}/pendingworkloads")
+    sim.controller.positions.poll()
+    assert sim.api.calls.count(f"get clusterqueues/{CLUSTER_QUEUE}/pendingworkloads") == calls  # not asked again soon
+
+
+def test_an_operator_restarted_among_queued_and_admitted_jobs_writes_nothing():
+    queued_sim = kueue_sim(queued(mwms_job()))
+    queued_sim.step()
+    set_workload(queued_sim, QuotaReserved=("False", "insufficient unused quota for nvidia.com/gpu, 2 more needed"))
+    queued_sim.step()
+    running = admitted_and_running(queued(mwms_job()))
+    for sim in (queued_sim, running):
+        before = dict(sim.status)
+        sim.restart_operator()  # its Workload and LocalQueue come from the priming lists, not a watch yet
+        writes = sim.api.calls.count("patch status")
+        sim.controller.reconcile(sim.key)
+        assert sim.api.calls.count("patch status") == writes, sim.status
+        assert sim.status == before
+
+
+def test_a_released_pod_is_deleted_at_once_rather_than_waiting_for_its_kubelet():
+    """Its containers are gone (Failed): the kubelet's own confirmation would hold the name most of a second longer."""
+    from kubetf.cluster.kube import Kube
+
+    kube = Kube(qps=100, burst=100, may_write=lambda: True)
+    calls = []
+    kube._patch_pod = lambda pod, patch: calls.append(("patch", [op["op"] for op in patch]))
+    kube.delete_pod = lambda pod, grace_seconds=None: calls.append(("delete", grace_seconds)) or True
+    held = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "finalizers": [kueue.FINALIZER]},
+        "status": {"phase": "Failed"},
+    }
+    kube.release_pods([held])
+    assert calls == [("patch", ["test", "test", "remove"]), ("delete", 0)]

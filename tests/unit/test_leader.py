@@ -6,8 +6,8 @@ import itertools
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf.config import OperatorConfig
-from kubetf.leader import LeaderElector
+from kubetf.cluster.leader import LeaderElector
+from kubetf.core.config import OperatorConfig
 
 pytestmark = pytest.mark.unit
 

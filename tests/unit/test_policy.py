@@ -1,7 +1,7 @@
 import pytest
 
-from kubetf import api, policy
-from kubetf.policy import Outcome
+from kubetf.core import api, policy
+from kubetf.core.policy import Outcome
 
 from .jobs import job, replica
 

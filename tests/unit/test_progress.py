@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from kubetf import progress
-from kubetf.progress import Report, ReportError, curve, duration, health, merge, parse_report
-from kubetf.status import format_time
+from kubetf.core import progress
+from kubetf.core.progress import Report, ReportError, curve, duration, health, merge, parse_report
+from kubetf.core.status import format_time
 
 T0 = 1_700_000_000.0
 

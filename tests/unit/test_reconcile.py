@@ -2,9 +2,9 @@
 
 import pytest
 
-from kubetf import status as st
-from kubetf.config import OperatorConfig
-from kubetf.controller import Controller
+from kubetf.core import status as st
+from kubetf.core.config import DEFAULTS, OperatorConfig
+from kubetf.runtime.controller import Controller
 
 from .fake_api import FakeApi
 from .jobs import job, replica
@@ -127,7 +127,7 @@ def test_a_new_job_creates_exactly_its_children_and_reaches_running():
         "mnist-worker-0",
         "mnist-worker-1",
     ]
-    assert [o["kind"] for o in plan.ensure] == ["PersistentVolumeClaim", "Service"]
+    assert [o["kind"] for b in plan.batches for o in b if o["kind"] != "Pod"] == ["PersistentVolumeClaim", "Service"]
     assert sim.status["phase"] == "Pending"
     assert sim.status["tasks"]["worker-1"] == {"attempt": 0, "state": "Created"}
     assert sim.status["ready"] == "0/5"
@@ -372,7 +372,7 @@ def test_an_old_pod_stuck_terminating_is_reported_with_its_node():
     plan = sim.step()
     assert plan.create == []
     assert sim.condition()["reason"] == "Disrupted"  # a few seconds of terminating are normal: no warning
-    plan = sim.step(st.STUCK_MARGIN_SECONDS + 1)  # the eviction's deletionTimestamp was now: grace 0
+    plan = sim.step(DEFAULTS.stuck_margin + 1)  # the eviction's deletionTimestamp was now: grace 0
     assert plan.create == []
     assert sim.condition()["reason"] == "PodStuckTerminating"
     assert "mnist-worker-1 is still terminating on node spot-7" in sim.condition()["message"]
@@ -389,7 +389,8 @@ def test_a_node_lost_after_the_peers_crashed_counts_one_disruption_and_no_failur
     sim = started(mwms_job())
     place(sim, "spot-1", "mnist-worker-1")
     place(sim, "spot-2", "mnist-chief-0", "mnist-worker-0")
-    # spot-1 vanished: the MWMS peers crash on the lost collective long before its node is marked NotReady.
+    silent_since = sim.now
+    sim.now += 2  # spot-1 vanished: the MWMS peers crash on the lost collective long before it is marked NotReady
     sim.exit("mnist-chief-0", 1)
     sim.exit("mnist-worker-0", 1)
     sim.step()
@@ -398,7 +399,7 @@ def test_a_node_lost_after_the_peers_crashed_counts_one_disruption_and_no_failur
     sim.api.remove_pod("mnist-worker-0")
     plan = sim.step()
     assert plan.create == [] and plan.requeue_at == sim.now + 10  # worker-1's node is looked at again
-    sim.api.lost_nodes.add("spot-1")  # NotReady at last
+    sim.api.lost_nodes["spot-1"] = silent_since  # NotReady at last
     plan = sim.step(10)
     assert [p["metadata"]["name"] for p in plan.force_delete] == ["mnist-worker-1"]
     assert sim.status["restarts"]["failures"] == 0 and sim.status["restarts"]["disruptions"] == 1
@@ -408,10 +409,27 @@ def test_a_node_lost_after_the_peers_crashed_counts_one_disruption_and_no_failur
     assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
 
 
+def test_a_programs_own_failure_stays_a_failure_when_a_node_is_lost_afterwards():
+    sim = started(mwms_job(backoffLimit=1))
+    place(sim, "spot-1", "mnist-worker-1")
+    place(sim, "spot-2", "mnist-chief-0", "mnist-worker-0")
+    sim.exit("mnist-chief-0", 1, message="Traceback ...\nValueError: bad learning rate")  # the program's own bug
+    sim.step()
+    assert sim.status["restarts"]["failures"] == 1
+    sim.api.remove_pod("mnist-chief-0")
+    sim.step()
+    sim.api.lost_nodes["spot-1"] = sim.now + 5  # a node that goes silent after the failure did not cause it
+    sim.step(10)
+    assert sim.status["restarts"]["failures"] == 1 and sim.status["restarts"]["disruptions"] == 0
+    assert "ValueError: bad learning rate" in sim.status["restarts"]["lastReason"]
+    assert sim.status["restarts"]["lastKind"] == "Failure"  # it counts against backoffLimit
+    assert "NodeLost" not in [reason for _, reason, _ in sim.api.recorded]
+
+
 def test_a_ps_whose_node_is_lost_is_recreated_with_the_chief_only():
     sim = started(ps_job())
     place(sim, "spot-3", "mnist-ps-0")
-    sim.api.lost_nodes.add("spot-3")
+    sim.api.lost_nodes["spot-3"] = sim.now - 60
     # The taint manager evicts the ps after nodeLossTimeoutSeconds; its kubelet never confirms.
     pod = sim.pods["mnist-ps-0"]
     pod["status"]["conditions"].append(
@@ -432,12 +450,12 @@ def test_without_force_deletion_a_pod_on_a_lost_node_is_waited_for_and_reported(
     document = ps_job(forceDeleteOnNodeLoss=False)
     sim = started(document)
     place(sim, "spot-3", "mnist-ps-0")
-    sim.api.lost_nodes.add("spot-3")
+    sim.api.lost_nodes["spot-3"] = sim.now - 60
     sim.evict("mnist-ps-0")
     plan = sim.step()
     assert plan.force_delete == []
     sim.api.remove_pod("mnist-chief-0")
-    sim.step(st.STUCK_MARGIN_SECONDS + 1)
+    sim.step(DEFAULTS.stuck_margin + 1)
     assert sim.condition()["reason"] == "PodStuckTerminating"
     assert "on node spot-3" in sim.condition()["message"]
 
@@ -516,10 +534,27 @@ def test_unschedulable_is_reported_in_the_schedulers_words_once_it_lasts():
     # A claim being bound, a node being added: a wait that usually ends by itself is no Warning.
     assert sim.status["reason"] == "PodsStarting"
     assert [e for e in sim.api.recorded if e[0] == "Warning"] == []
-    sim.step(st.SCHEDULING_GRACE_SECONDS)
+    sim.step(DEFAULTS.scheduling_grace)
     assert sim.status["reason"] == "Unschedulable"
     assert message in sim.condition()["message"]
     assert [reason for type_, reason, _ in sim.api.recorded if type_ == "Warning"] == ["Unschedulable"]
+
+
+def test_a_startup_timeout_shorter_than_the_scheduling_grace_fails_in_the_schedulers_words():
+    sim = Sim(mwms_job(startupTimeoutSeconds=10))
+    sim.step()
+    message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    for name, pod in sim.pods.items():
+        pod["status"] = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                            "lastTransitionTime": st.format_time(sim.now)}],
+        }  # fmt: skip
+        sim.api.update_pod(name)
+    sim.step(10)  # inside the 30 s in which an unschedulable pod is no warning yet
+    assert (sim.status["phase"], sim.status["reason"]) == ("Failed", "StartupTimeout")
+    assert f"Unschedulable: {message}" in sim.condition()["message"]
+    assert "containers not started" not in sim.condition()["message"]
 
 
 def test_ttl_deletes_the_finished_job():
@@ -560,7 +595,7 @@ def test_invalid_job_fails_with_the_reason_and_no_pods():
     document["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["restartPolicy"] = "Always"
     sim = Sim(document)
     plan = sim.step()
-    assert plan.create == [] and plan.ensure == []
+    assert plan.batches == []
     assert sim.status["phase"] == "Failed"
     assert sim.status["reason"] == "InvalidSpec"
     assert "template.spec.restartPolicy" in sim.condition()["message"]

@@ -1,9 +1,10 @@
-"""Telling a program that ignores SIGTERM (TensorFlow swallowed it) from one that saves on it (`kubetf.sigterm`)."""
+"""Telling a program that ignores SIGTERM (TensorFlow swallowed it) from one that saves on it (`core.sigterm`)."""
 
 import pytest
 
-from kubetf import api, sigterm
-from kubetf import status as st
+from kubetf.core import api, sigterm
+from kubetf.core import status as st
+from kubetf.core.config import DEFAULTS
 
 from .jobs import job, replica
 
@@ -39,7 +40,7 @@ def pod(deleted_at=None, grace=120, state="running", container="tensorflow"):
     ],
 )
 def test_when_the_sigterm_was_sent(situation, the_pod, sent_at):
-    assert sigterm.sigterm_sent_at(the_pod) == sent_at, situation
+    assert sigterm.sigterm_sent_at(the_pod, DEFAULTS.sigterm_stop_grace) == sent_at, situation
 
 
 @pytest.mark.parametrize(
@@ -56,12 +57,11 @@ def test_whether_the_log_says_the_sigterm_was_swallowed(situation, log, ignored)
 
 
 def test_checks_a_few_times_in_the_first_seconds_then_never_again():
-    times = [sigterm.next_check(T0, done) for done in range(len(sigterm.CHECKS_AFTER_SIGTERM) + 1)]
-    assert times == [T0, T0 + 2, T0 + 4, T0 + 6, None]  # the first at once: can the log be read at all?
-    assert sigterm.checks_due(T0, 1, T0 + 1) == 1
-    assert sigterm.checks_due(T0, 0, T0 + 4.5) == 3  # a late reconcile does the checks it missed at once
-    assert sigterm.checks_due(T0, 4, T0 + 4.5) == 4
-    assert sigterm.log_since_seconds(T0, T0 + 2.2) == 8  # from before the SIGTERM: the clocks may differ
+    checks = DEFAULTS.sigterm_checks
+    assert checks == (0, 2, 4, 6)  # the first at once: can the log be read at all?
+    assert sigterm.checks_due(T0, 1, T0 + 1, checks) == 1
+    assert sigterm.checks_due(T0, 0, T0 + 4.5, checks) == 3  # a late reconcile does the checks it missed at once
+    assert sigterm.checks_due(T0, 4, T0 + 4.5, checks) == 4
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_checks_a_few_times_in_the_first_seconds_then_never_again():
     ],
 )
 def test_how_the_operator_deletes_a_group(situation, watched, decision):
-    assert sigterm.deletion_grace(watched) == decision, situation
+    assert sigterm.deletion_grace(watched, DEFAULTS) == decision, situation
 
 
 def test_a_group_restart_sends_sigterm_to_one_running_member_first():
@@ -102,3 +102,38 @@ def test_a_member_is_gone_when_a_task_restarted_with_the_deleted_ones_has_no_pod
     assert not sigterm.member_gone(mwms, [chief, worker0, worker1], [chief, worker0])
     ps = job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1))
     assert not sigterm.member_gone(ps, [_member("chief", 0), _member("ps", 0)], [_member("ps", 0)])  # workers apart
+
+
+def _group(job_, deleted_at=None):
+    pods = []
+    for role, index in api.tasks(job_):
+        member = pod(deleted_at if (role, index) == ("worker", 1) else None)
+        member["metadata"] = {**member["metadata"], "name": f"mnist-{role}-{index}", "uid": f"{role}-{index}"}
+        member["metadata"]["labels"] = {api.LABEL_ROLE: role, api.LABEL_INDEX: str(index)}
+        pods.append(member)
+    return pods
+
+
+def test_a_staged_group_restart_asks_for_the_first_members_log_then_decides_from_it():
+    mwms = job(chief=replica(1), worker=replica(2))
+    pods = _group(mwms, deleted_at=T0)  # worker-1 evicted: sent SIGTERM at T0
+    rest = [p for p in pods if p["metadata"]["name"] != "mnist-worker-1"]
+    first = sigterm.stage(mwms, rest, pods, {}, {}, {}, T0, DEFAULTS)
+    assert first.delete == [] and first.held == rest
+    assert [(r.pod["metadata"]["name"], r.container, r.since_seconds) for r in first.read] == [
+        ("mnist-worker-1", "tensorflow", 5)  # from before the SIGTERM: the clocks of the API server and node differ
+    ]
+    found = sigterm.stage(mwms, rest, pods, {}, first.memory, {"worker-1": TF_LINE}, T0, DEFAULTS)
+    assert found.delete == rest and found.grace == DEFAULTS.sigterm_stop_grace and found.read == []
+    assert found.ignored[0].startswith("mnist-worker-1: TensorFlow took the SIGTERM")
+    quiet = sigterm.stage(mwms, rest, pods, {}, first.memory, {"worker-1": "epoch 3\n"}, T0, DEFAULTS)
+    assert quiet.delete == [] and quiet.hold_until == T0 + 2 and quiet.memory["worker-1"].checks == 1
+    unreadable = sigterm.stage(mwms, rest, pods, {}, first.memory, {"worker-1": None}, T0, DEFAULTS)
+    assert unreadable.delete == rest and unreadable.grace is None  # no later look can do better: their own grace
+
+
+def test_only_a_multi_worker_mirrored_group_restart_is_staged():
+    ps = job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1))
+    pods = _group(ps)
+    staging = sigterm.stage(ps, pods, pods, {}, {}, {}, T0, DEFAULTS)
+    assert staging.delete == pods and staging.held == [] and staging.read == []

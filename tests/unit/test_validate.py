@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetf import api
-from kubetf.cli import main
+from kubetf.cli.main import main
+from kubetf.core import api
 
 from .jobs import VALID_JOBS, job, replica
 

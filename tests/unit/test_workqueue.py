@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from kubetf.workqueue import Expectations, ShutDown, WorkQueue
+from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
 
 pytestmark = pytest.mark.unit
 
@@ -76,11 +76,12 @@ def test_expectations_are_met_by_what_the_watch_shows():
     now = [0.0]
     expectations = Expectations(timeout=30, clock=lambda: now[0])
     expectations.expect("job", creations=["w-0", "w-1"], deletions=["uid-old"])
-    assert expectations.waiting_until("job") == 30
-    assert not expectations.observe("job", "w-0", "uid-1", gone=False)
-    assert not expectations.observe("job", "old", "uid-old", gone=True)
-    assert expectations.observe("job", "w-1", "uid-2", gone=False)  # the last one
-    assert expectations.waiting_until("job") is None
+    assert expectations.defer("job", 1) == 30
+    assert expectations.defer("job", 0) == 30
+    assert expectations.observe("job", "w-0", "uid-1", gone=False) is None
+    assert expectations.observe("job", "old", "uid-old", gone=True) is None
+    assert expectations.observe("job", "w-1", "uid-2", gone=False) == 0  # the last one: deferred, most urgent
+    assert expectations.defer("job", 1) is None
 
 
 def test_refused_creates_are_not_waited_for_and_lost_events_expire():
@@ -89,12 +90,13 @@ def test_refused_creates_are_not_waited_for_and_lost_events_expire():
     expectations.expect("job", creations=["w-0", "w-1"])
     expectations.cancel_creations("job", ["w-1"])
     expectations.observe("job", "w-0", "uid", gone=False)
-    assert expectations.waiting_until("job") is None
+    assert expectations.defer("job", 1) is None
     expectations.expect("job", creations=["w-2"])
     now[0] = 29.9
-    assert expectations.waiting_until("job") == 30
+    assert expectations.defer("job", 1) == 30
     now[0] = 30
-    assert expectations.waiting_until("job") is None
+    assert expectations.defer("job", 1) is None
+    assert expectations.observe("job", "w-2", "uid", gone=False) is None  # expired: nothing deferred is handed back
 
 
 def test_worker_threads_are_woken_by_adds_and_by_due_timers():

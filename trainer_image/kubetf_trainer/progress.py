@@ -1,4 +1,4 @@
-"""One JSON object per line on stdout: the format kubetf tools parse (`kubetf.jobctl.progress_line`)."""
+"""One JSON object per line on stdout: the format kubetf tools parse (`kubetf.cli.jobctl.progress_line`)."""
 
 from __future__ import annotations
 

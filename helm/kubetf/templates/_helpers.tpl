@@ -81,9 +81,13 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 - apiGroups: [""]
   resources: [services, persistentvolumeclaims]
   verbs: [get, list, create]
-# Kueue: a queued job's LocalQueue and Workload, read to say where and why it waits.
+# Kueue: LocalQueues and Workloads watched (a queued job is admitted, evicted, its group complete again: at once,
+# not at a poll), and a LocalQueue the watch has not shown read; a queue's pending Workloads for a job's position.
 - apiGroups: [kueue.x-k8s.io]
   resources: [localqueues, workloads]
+  verbs: [get, list, watch]
+- apiGroups: [visibility.kueue.x-k8s.io]
+  resources: [localqueues/pendingworkloads]
   verbs: [get]
 # Events on TrainingJobs, from the operator and from kopf.
 - apiGroups: ["", events.k8s.io]
@@ -104,6 +108,16 @@ What kopf needs cluster-wide for itself: it watches CustomResourceDefinitions to
   resources: [namespaces]
   verbs: [list, watch]
 {{- end }}
+{{- end }}
+
+{{/*
+Kueue's visibility API for a whole ClusterQueue (cluster-scoped): one read per ClusterQueue, instead of one per
+LocalQueue, tells every queued job its place. Only for an operator that serves every namespace.
+*/}}
+{{- define "kubetf.clusterQueueRules" -}}
+- apiGroups: [visibility.kueue.x-k8s.io]
+  resources: [clusterqueues/pendingworkloads]
+  verbs: [get]
 {{- end }}
 
 {{/*

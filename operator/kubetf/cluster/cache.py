@@ -1,0 +1,354 @@
+"""What the watches delivered: every TrainingJob, the pods of each job, and Kueue's LocalQueues and the Workloads of
+the jobs' pod groups, so reconciles read no API.
+
+Objects are kept slim (only the fields the decisions read) and as compact JSON: at 10,000 jobs and 50,000 pods
+parsed dicts would cost several hundred MiB, strings a fraction of that. A reconcile parses the few it needs.
+An event older than what is stored (by resourceVersion) is ignored: a write's own response may arrive first.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from kubetf.core import api, kueue, policy
+from kubetf.core import status as st
+
+Key = tuple[str, str]  # (namespace, name)
+Obj = dict[str, Any]
+
+_DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+def resource_version(obj: Mapping[str, Any]) -> int:
+    """etcd's revision: resourceVersions are opaque by contract, integers in every API server that exists."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def slim_job(job: Mapping[str, Any]) -> Obj:
+    meta = {k: v for k, v in (job.get("metadata") or {}).items() if k != "managedFields"}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _DROPPED_ANNOTATIONS}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    return {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "metadata": meta, **_rest(job)}
+
+
+def _rest(job: Mapping[str, Any]) -> Obj:
+    return {k: job[k] for k in ("spec", "status") if k in job}
+
+
+def slim_pod(pod: Mapping[str, Any]) -> Obj:
+    """The fields status.py, policy.py and sigterm.py read: identity, labels, the deletion, the containers' names,
+    the status."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    kept_meta = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
+    slim_meta = {k: meta[k] for k in (*kept_meta, "deletionGracePeriodSeconds") if k in meta}
+    controller = [
+        {"uid": o.get("uid"), "controller": True} for o in meta.get("ownerReferences") or [] if o.get("controller")
+    ]
+    if controller:
+        slim_meta["ownerReferences"] = controller[:1]  # tells a previous job's pods from this one's
+    # Kueue's marks (kubetf.core.kueue): its finalizer, the retriable-in-group annotation, its admission gate.
+    if kueue.FINALIZER in (meta.get("finalizers") or []):
+        slim_meta["finalizers"] = [kueue.FINALIZER]
+    retriable = (meta.get("annotations") or {}).get(kueue.RETRIABLE_ANNOTATION)
+    if retriable is not None:
+        slim_meta["annotations"] = {kueue.RETRIABLE_ANNOTATION: retriable}
+    slim_spec: Obj = {"containers": [{"name": c.get("name")} for c in spec.get("containers") or []]}
+    if spec.get("nodeName"):
+        slim_spec["nodeName"] = spec["nodeName"]
+    if any(g.get("name") == kueue.GATE for g in spec.get("schedulingGates") or []):
+        slim_spec["schedulingGates"] = [{"name": kueue.GATE}]
+    slim_status = {
+        k: status[k]
+        for k in ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses")
+        if k in status
+    }
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in slim_status:
+            slim_status[key] = [{k: c[k] for k in ("name", "ready", "state") if k in c} for c in slim_status[key] or []]
+    if "conditions" in slim_status:
+        kept = ("type", "status", "reason", "message", "lastTransitionTime")
+        slim_status["conditions"] = [{k: c[k] for k in kept if k in c} for c in slim_status["conditions"] or []]
+    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
+
+
+def slim_workload(workload: Mapping[str, Any]) -> Obj:
+    """What kubetf.core.kueue reads of a Workload: identity, its owners (the group's pods), its conditions."""
+    meta = workload.get("metadata") or {}
+    slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    slim_meta["ownerReferences"] = [{"uid": o.get("uid")} for o in meta.get("ownerReferences") or []]
+    kept = ("type", "status", "reason", "message", "lastTransitionTime")
+    conditions = [
+        {k: c[k] for k in kept if k in c}
+        for c in (workload.get("status") or {}).get("conditions") or []
+        if c.get("type") in WORKLOAD_CONDITIONS
+    ]
+    return {"metadata": slim_meta, "status": {"conditions": conditions}}
+
+
+WORKLOAD_CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Requeued", "Finished", "PodsReady")
+
+
+def pod_signature(pod: Obj) -> tuple[Any, ...]:
+    """What the decisions read of a pod: an event that leaves it unchanged needs no reconcile."""
+    status = pod.get("status") or {}
+    return (
+        status.get("phase"),
+        st.is_deleting(pod),
+        st.is_ready(pod),
+        st.pending_reason(pod),
+        policy.disruption_reason(pod),
+        kueue.is_gated(pod),
+        (pod.get("metadata") or {}).get("finalizers"),
+    )
+
+
+def _encode(obj: Obj) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class Store:
+    """Thread-safe: the watch handlers write, the reconcile workers read."""
+
+    def __init__(self, tombstone_seconds: float) -> None:
+        """`tombstone_seconds`: how long the uid of a deleted object is remembered, so that a list taken before the
+        deletion but stored after it cannot bring the object back (lists are a few seconds old when stored)."""
+        self.tombstone_seconds = tombstone_seconds
+        self.lock = threading.Lock()
+        self.jobs: dict[Key, tuple[int, str]] = {}
+        # job -> pod name -> (resourceVersion, slim JSON, signature, uid)
+        self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...], str]]] = {}
+        self.tombstones: OrderedDict[str, float] = OrderedDict()  # uid of a deleted object -> when
+        self.cached_pods = 0  # kept as pods come and go: counting them would cost a pass over every job
+        # Kueue (kubetf.core.kueue): LocalQueue -> its ClusterQueue; the groups' Workloads (slim JSON without their
+        # resourceVersion, so an update that changes nothing read compares equal); which job a group and a queue
+        # label belong to, so that a Workload's or a LocalQueue's event finds its jobs without parsing every job.
+        self.local_queues: dict[Key, str] = {}
+        self.workloads: dict[Key, tuple[int, str]] = {}
+        self.groups: dict[Key, Key] = {}  # (namespace, group) -> job
+        self.job_groups: dict[Key, Key] = {}  # job -> (namespace, group)
+        self.job_queues: dict[Key, Key] = {}  # job -> (namespace, LocalQueue)
+
+    def _bury(self, uid: str) -> None:
+        now = time.monotonic()
+        self.tombstones[uid] = now
+        while self.tombstones and next(iter(self.tombstones.values())) < now - self.tombstone_seconds:
+            self.tombstones.popitem(last=False)
+
+    def _buried(self, obj: Mapping[str, Any]) -> bool:
+        return (obj.get("metadata") or {}).get("uid") in self.tombstones
+
+    # ------------------------------------------------------------------ jobs
+
+    def put_job(self, job: Obj) -> bool:
+        """Store a job unless a version as new is stored; True when it changed what is stored."""
+        key = (api.namespace(job), api.name(job))
+        version = resource_version(job)
+        queue = kueue.queue_name(job)
+        group = kueue.group_name(job) if (job.get("metadata") or {}).get("uid") else None
+        with self.lock:
+            current = self.jobs.get(key)
+            if self._buried(job) or (current is not None and version and current[0] >= version):
+                return False
+            self.jobs[key] = (version, _encode(slim_job(job)))
+            if group is not None:
+                self._forget_group(key)
+                self.groups[(key[0], group)] = key
+                self.job_groups[key] = (key[0], group)
+            if queue is not None:
+                self.job_queues[key] = (key[0], queue)
+            else:
+                self.job_queues.pop(key, None)
+            return True
+
+    def job(self, key: Key) -> Obj | None:
+        with self.lock:
+            entry = self.jobs.get(key)
+        return json.loads(entry[1]) if entry else None
+
+    def remove_job(self, key: Key, uid: str) -> None:
+        with self.lock:
+            self.jobs.pop(key, None)
+            self.job_queues.pop(key, None)
+            self._forget_group(key)
+            self._bury(uid)
+
+    def _forget_group(self, key: Key) -> None:
+        group = self.job_groups.pop(key, None)
+        if group is not None and self.groups.get(group) == key:
+            del self.groups[group]
+
+    def prune_jobs(self, namespace: str, listed: set[Key], list_version: int) -> list[Key]:
+        """Drop the jobs of `namespace` ("": all) missing from a list taken at `list_version` (a watch gap hid their
+        deletion), unless stored with a newer version; returns them."""
+        with self.lock:
+            gone = [
+                key
+                for key, (version, _) in self.jobs.items()
+                if (not namespace or key[0] == namespace) and key not in listed and version <= list_version
+            ]
+            for key in gone:
+                del self.jobs[key]
+                self.job_queues.pop(key, None)
+                self._forget_group(key)
+        return gone
+
+    def job_keys(self) -> list[Key]:
+        with self.lock:
+            return list(self.jobs)
+
+    def job_count(self) -> int:
+        with self.lock:
+            return len(self.jobs)
+
+    # ------------------------------------------------------------------ pods
+
+    def put_pod(self, job: Key, pod: Mapping[str, Any]) -> bool:
+        """Store a pod of `job`; True when what the decisions read of it changed (or it is new)."""
+        slim = slim_pod(pod)
+        name = slim["metadata"]["name"]
+        version = resource_version(slim)
+        signature = pod_signature(slim)
+        with self.lock:
+            if self._buried(slim):
+                return False
+            pods = self.pods.setdefault(job, {})
+            current = pods.get(name)
+            if current is not None and version and current[0] >= version:
+                return False
+            pods[name] = (version, _encode(slim), signature, slim["metadata"].get("uid", ""))
+            self.cached_pods += current is None
+            return current is None or current[2] != signature
+
+    def remove_pod(self, job: Key, name: str, uid: str) -> bool:
+        with self.lock:
+            self._bury(uid)
+            pods = self.pods.get(job)
+            if pods is None or pods.pop(name, None) is None:
+                return False
+            self.cached_pods -= 1
+            if not pods:
+                del self.pods[job]
+            return True
+
+    def job_pods(self, job: Key) -> list[Obj]:
+        with self.lock:
+            entries = list((self.pods.get(job) or {}).values())
+        return [json.loads(entry[1]) for entry in entries]
+
+    def replace_pods(self, job: Key, pods: list[Obj], list_version: int) -> bool:
+        """Reconcile the job's pods with a fresh list from the API, taken at `list_version`: newer versions are
+        stored, and pods stored with an older version and missing from it are gone (a watch gap hid their
+        deletion). True when that changed what the decisions read."""
+        changed = [self.put_pod(job, pod) for pod in pods]
+        listed = {(pod.get("metadata") or {}).get("name", "") for pod in pods}
+        return self.prune_pods(job, listed, list_version) or any(changed)
+
+    def prune_pods(self, job: Key, listed: set[str], list_version: int) -> bool:
+        """Drop the job's pods missing from a list taken at `list_version` (a watch gap hid their deletion), unless
+        stored with a newer version. True when any was dropped."""
+        with self.lock:
+            pods = self.pods.get(job) or {}
+            gone = [name for name, entry in pods.items() if name not in listed and entry[0] <= list_version]
+            for name in gone:
+                del pods[name]
+            self.cached_pods -= len(gone)
+            if not pods:
+                self.pods.pop(job, None)
+        return bool(gone)
+
+    def still_there(self, job: Key, name: str, uid: str) -> bool:
+        """The pod of that uid is stored and not being deleted."""
+        with self.lock:
+            entry = (self.pods.get(job) or {}).get(name)
+        return entry is not None and entry[3] == uid and not entry[2][1]
+
+    def pod_jobs(self) -> list[Key]:
+        with self.lock:
+            return list(self.pods)
+
+    def pod_count(self) -> int:
+        with self.lock:
+            return self.cached_pods
+
+    # ------------------------------------------------------------------ Kueue
+
+    def put_local_queue(self, queue: Mapping[str, Any]) -> bool:
+        """Store a LocalQueue's ClusterQueue; True when that changed (its status, which Kueue updates all the time,
+        is not read)."""
+        meta = queue.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        cluster_queue = str((queue.get("spec") or {}).get("clusterQueue") or "")
+        with self.lock:
+            before = self.local_queues.get(key)
+            self.local_queues[key] = cluster_queue
+        return before != cluster_queue
+
+    def remove_local_queue(self, namespace: str, name: str) -> bool:
+        with self.lock:
+            return self.local_queues.pop((namespace, name), None) is not None
+
+    def local_queue(self, namespace: str, name: str) -> str | None:
+        """The LocalQueue's ClusterQueue as the watch showed it; None when the watch has not shown the queue."""
+        with self.lock:
+            return self.local_queues.get((namespace, name)) or None
+
+    def jobs_of_queue(self, namespace: str, name: str) -> list[Key]:
+        with self.lock:
+            return [job for job, queue in self.job_queues.items() if queue == (namespace, name)]
+
+    def put_workload(self, workload: Mapping[str, Any]) -> Key | None:
+        """Store a pod group's Workload (another job type's is not kept); the group's job when what the decisions
+        read of it changed. A group whose job is not known yet (a Workload listed before the jobs) is kept too."""
+        meta = workload.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        version = resource_version(workload)
+        pod_group = (meta.get("annotations") or {}).get(kueue.GROUP_WORKLOAD_ANNOTATION) == "true"
+        with self.lock:
+            job = self.groups.get(key)
+            if job is None and not pod_group:
+                return None
+            slim = slim_workload(workload)
+            slim["metadata"].pop("resourceVersion", None)
+            encoded = _encode(slim)
+            current = self.workloads.get(key)
+            if current is not None and version and current[0] >= version:
+                return None
+            self.workloads[key] = (version, encoded)
+            return job if current is None or current[1] != encoded else None
+
+    def remove_workload(self, namespace: str, name: str) -> Key | None:
+        with self.lock:
+            if self.workloads.pop((namespace, name), None) is None:
+                return None
+            return self.groups.get((namespace, name))
+
+    def prune_workloads(self, namespace: str, listed: set[Key], list_version: int) -> list[Key]:
+        """Drop the Workloads of `namespace` ("": all) missing from a list taken at `list_version`; returns their
+        jobs."""
+        with self.lock:
+            gone = [
+                key
+                for key, (version, _) in self.workloads.items()
+                if (not namespace or key[0] == namespace) and key not in listed and version <= list_version
+            ]
+            for key in gone:
+                del self.workloads[key]
+            return [job for key in gone if (job := self.groups.get(key)) is not None]
+
+    def workload(self, namespace: str, name: str) -> Obj | None:
+        with self.lock:
+            entry = self.workloads.get((namespace, name))
+        return json.loads(entry[1]) if entry else None

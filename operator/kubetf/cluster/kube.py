@@ -1,0 +1,545 @@
+"""The one module that talks to the Kubernetes API (the official client, called from threads only).
+
+Objects go in and come out as plain dicts, the shape the builders and the status code use. Every write is
+idempotent: creating what exists is success (names are deterministic), deleting what is gone is success. A create
+the API server refuses is classified (`refusal`) so the job can say why instead of retrying blindly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from kubetf.cluster import metrics
+from kubetf.cluster.kube_api import Creation, LogUnreadable, NotLeader, NotServed, Refused
+from kubetf.core import api, kueue
+from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
+
+log = logging.getLogger("kubetf.cluster.kube")
+
+Obj = dict[str, Any]
+
+# The objects of the operator's domain: writing them is the leader's alone (leases are not among them).
+GUARDED_RESOURCES = {api.PLURAL, f"{api.PLURAL}/status", "pod", "pods", "service", "persistentvolumeclaim", "events"}
+PAGE_SIZE = 500
+
+
+def refusal(obj: Obj, error: Exception) -> Refusal | None:
+    """What the API server's refusal to create `obj` means; None when it is not about the object (an error of the
+    operator's own, raised as it is)."""
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    if is_transient(error):  # a server error, a webhook it cannot call, a timeout: the cluster's, for now
+        return Refusal(UNAVAILABLE, kind, name, _message(error) if isinstance(error, ApiException) else _short(error))
+    if not isinstance(error, ApiException):
+        return None
+    message = _message(error)
+    admission = "admission webhook" in message or "denied request" in message  # a webhook or a policy said no
+    if error.status in (400, 422) and not admission:  # BadRequest: not even decodable (a quantity like 4GB)
+        return Refusal(INVALID, kind, name, message)
+    if error.status in (400, 403, 422):  # quota, LimitRange, PodSecurity, a webhook or a policy
+        return Refusal(DENIED, kind, name, message)
+    return None
+
+
+def is_transient(error: BaseException) -> bool:
+    """An error of the cluster that goes away by itself: the API server unreachable or overloaded (5xx, 429, a
+    timeout, a connection refused), or an admission webhook it cannot call (a 500 that names it)."""
+    if isinstance(error, ApiException):
+        return error.status == 429 or (error.status or 0) >= 500 or error.status == 0
+    return isinstance(error, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+def _message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(error.reason or error.status)
+
+
+def _short(error: BaseException) -> str:
+    """One line for a transient error: urllib3's own strings repeat the pool and the URL."""
+    reason = getattr(error, "reason", None)
+    return str(reason or error).splitlines()[0][:300]
+
+
+def _namespace_terminating(error: ApiException) -> bool:
+    return error.status == 403 and "NamespaceTerminating" in str(error.body)
+
+
+class RateLimiter:
+    """Client-side token bucket (like client-go's QPS/burst), so a burst of jobs cannot flood the API server."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps, self.burst = qps, burst
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+        self.lock = threading.Lock()
+
+    def acquire(self) -> None:
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.qps)
+                self.stamp = now
+                if self.tokens >= 1:
+                    self.tokens -= 1
+                    return
+                wait = (1 - self.tokens) / self.qps
+            time.sleep(wait)
+
+
+def load_config(kubeconfig: str | None = None) -> None:
+    """In-cluster config inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config(config_file=kubeconfig)
+
+
+class Kube:
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        timeout: tuple[float, float] = (5, 30),
+        may_write: Callable[[], bool] | None = None,
+        instance: str | None = None,
+        log_timeout: tuple[float, float] = (2, 4),
+    ) -> None:
+        configuration = client.Configuration.get_default_copy()
+        configuration.connection_pool_maxsize = 32
+        self.api_client = client.ApiClient(configuration)
+        self.core = client.CoreV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.coordination = client.CoordinationV1Api(self.api_client)
+        self.limiter = RateLimiter(qps, burst)
+        self.timeout, self.log_timeout = timeout, log_timeout
+        self.may_write = may_write
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kubetf-api")
+        self.instance = instance or socket.gethostname()
+
+    def _call(self, verb: str, resource: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        writing = verb not in ("get", "list") and resource in GUARDED_RESOURCES
+        if writing and self.may_write is not None and not self.may_write():
+            raise NotLeader(f"{verb} {resource}: this operator does not hold the leader lease")
+        self.limiter.acquire()
+        metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+        try:
+            response = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+        except ApiException as error:
+            metrics.API_ERRORS.labels(verb=verb, resource=resource, code=str(error.status)).inc()
+            raise
+        return json.loads(response.data) if response.data else None
+
+    def _get(self, resource: str, fn: Any, *args: Any) -> Obj | None:
+        """Read one object; None when it does not exist."""
+        try:
+            found: Obj = self._call("get", resource, fn, *args)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+    # ------------------------------------------------------------------ TrainingJobs
+
+    def get_job(self, namespace: str, name: str) -> Obj | None:
+        return self._get(
+            api.PLURAL, self.custom.get_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL, name
+        )
+
+    def patch_job_status(self, job: Obj, patch: Obj) -> Obj | None:
+        """Merge-patch the status subresource; None when the job is gone."""
+        meta = job["metadata"]
+        try:
+            updated: Obj = self._call(
+                "patch", f"{api.PLURAL}/status", self.custom.patch_namespaced_custom_object_status,
+                api.GROUP, api.VERSION, meta["namespace"], api.PLURAL, meta["name"], {"status": patch},
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return updated
+
+    def delete_job(self, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Delete a job (its children go with it); with `uid`, only that incarnation. False when not there."""
+        body: Obj = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self._call(
+                "delete", api.PLURAL, self.custom.delete_namespaced_custom_object,
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, body=body,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
+    def create_job(self, job: Obj) -> Obj:
+        namespace = job["metadata"].get("namespace") or "default"
+        created: Obj = self._call(
+            "create", api.PLURAL, self.custom.create_namespaced_custom_object,
+            api.GROUP, api.VERSION, namespace, api.PLURAL, job,
+        )  # fmt: skip
+        return created
+
+    # ------------------------------------------------------------------ children
+
+    def list_pods(self, namespace: str, job_name: str) -> tuple[list[Obj], int]:
+        """The job's pods and the list's resourceVersion."""
+        result = self._call(
+            "list", "pods", self.core.list_namespaced_pod, namespace, label_selector=f"{api.LABEL_JOB}={job_name}"
+        )
+        items: list[Obj] = result["items"]
+        return items, int(result["metadata"].get("resourceVersion") or 0)
+
+    def list_paged(
+        self, resource: str, namespaces: Iterable[str], label_selector: str = "", api_version: str = api.API_VERSION
+    ) -> Iterator[Obj]:
+        """Every pod, or custom object (its plural and `api_version`), in `namespaces` (none: all), page by page."""
+        for namespace in list(namespaces) or [""]:
+            for items, _version in self.pages(resource, namespace, label_selector, api_version):
+                yield from items
+
+    def pages(
+        self, resource: str, namespace: str, label_selector: str = "", api_version: str = api.API_VERSION
+    ) -> Iterator[tuple[list[Obj], int]]:
+        """One list (namespace "": all), page by page, each with the list's resourceVersion."""
+        token = None
+        version = 0
+        while True:
+            kwargs: dict[str, Any] = {"limit": PAGE_SIZE, "label_selector": label_selector}
+            if token:
+                kwargs["_continue"] = token
+            fn, args = self._lister(resource, namespace, api_version)
+            page = self._call("list", resource, fn, *args, **kwargs)
+            metadata = page.get("metadata") or {}
+            version = version or int(metadata.get("resourceVersion") or 0)
+            yield page["items"], version
+            token = metadata.get("continue")
+            if not token:
+                break
+
+    def _lister(self, resource: str, namespace: str, api_version: str) -> tuple[Any, tuple[str, ...]]:
+        if resource == "pods":
+            if namespace:
+                return self.core.list_namespaced_pod, (namespace,)
+            return self.core.list_pod_for_all_namespaces, ()
+        group, version = api_version.split("/")
+        if namespace:
+            return self.custom.list_namespaced_custom_object, (group, version, namespace, resource)
+        return self.custom.list_cluster_custom_object, (group, version, resource)
+
+    def _creator(self, kind: str) -> Any:
+        return {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
+        }[kind]
+
+    def create(self, obj: Obj) -> Obj | None:
+        """Create a Pod, Service or PVC. Returns the object, or None when one of that name already exists.
+        Raises `Refused` when the API server refuses the object itself (invalid, denied by quota or admission)."""
+        kind, namespace = obj["kind"], obj["metadata"]["namespace"]
+        try:
+            created: Obj = self._call("create", kind.lower(), self._creator(kind), namespace, obj)
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            if isinstance(error, ApiException) and (error.status == 409 or _namespace_terminating(error)):
+                return None  # the namespace going away takes the job with it
+            found = refusal(obj, error)
+            if found is None:
+                raise
+            raise Refused(found) from error
+        return created
+
+    def dry_run(self, objects: list[Obj], owner_uid: str) -> Refusal | None:
+        """Server-side dry run of creating `objects` (validation and admission, nothing stored), in parallel:
+        the worst refusal (invalid, then name in use, then denied), None when all may be created."""
+        found = [r for r in self.pool.map(lambda o: self._dry_run(o, owner_uid), objects) if r is not None]
+        order = (INVALID, NAME_IN_USE, DENIED, UNAVAILABLE)
+        return min(found, key=lambda r: order.index(r.cause)) if found else None
+
+    def _dry_run(self, obj: Obj, owner_uid: str) -> Refusal | None:
+        kind, meta = obj["kind"], obj["metadata"]
+        try:
+            self._call("create", kind.lower(), self._creator(kind), meta["namespace"], obj, dry_run="All")
+        except (ApiException, urllib3.exceptions.HTTPError) as error:
+            if isinstance(error, ApiException) and _namespace_terminating(error):
+                return None
+            if isinstance(error, ApiException) and error.status == 409:  # valid and admitted: whose name is it?
+                return None if kind == "Pod" else self._name_in_use(obj, owner_uid)
+            found = refusal(obj, error)
+            if found is None:
+                raise
+            if "does not support dry run" in found.message:
+                return None  # a webhook with side effects: the real create will tell
+            return found
+        return None
+
+    def _name_in_use(self, obj: Obj, owner_uid: str) -> Refusal | None:
+        """The Service or PVC of that name, unless it is this job's to use: one owned by this job, or a retained
+        checkpoint PVC (no owner on purpose: a job re-created under its name resumes from it), not being deleted.
+        Anything else (a previous job's, being garbage-collected) the job waits for to go."""
+        kind, name, namespace = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
+        core = self.core
+        read = core.read_namespaced_service if kind == "Service" else core.read_namespaced_persistent_volume_claim
+        existing = self._get(kind.lower(), read, name, namespace)
+        if existing is None:
+            return None  # gone meanwhile: the create makes it
+        meta = existing["metadata"]
+        owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+        ours = any(o.get("uid") == owner_uid for o in owners)
+        if meta.get("deletionTimestamp"):
+            whose = "" if ours or not owners else " of a previous job"
+            return Refusal(NAME_IN_USE, kind, name, f"{kind} {name}{whose} is still being deleted")
+        if ours or (not owners and kind == "PersistentVolumeClaim"):
+            return None
+        whose = f"{owners[0].get('kind')} {owners[0].get('name')} uid {owners[0].get('uid')}" if owners else "no owner"
+        return Refusal(NAME_IN_USE, kind, name, f"{kind} {name} exists and is not this job's ({whose})")
+
+    def create_batches(self, batches: list[list[Obj]]) -> Creation:
+        """Create each batch in parallel, one after the other; stop after a batch with an error, so an object the
+        API server refuses costs a few calls, not one per replica (the Job controller's slow start)."""
+        result = Creation()
+        for done, batch in enumerate(batches):
+            outcomes = list(self.pool.map(self._create_outcome, batch))
+            for obj, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    result.skipped.append(obj["metadata"]["name"])
+                    result.error = result.error or outcome
+                elif outcome is not None:
+                    result.created.append(outcome)
+            if result.error is not None:
+                result.skipped += [o["metadata"]["name"] for later in batches[done + 1 :] for o in later]
+                break
+        if isinstance(result.error, Refused):
+            result.refusal, result.error = result.error.refusal, None
+        return result
+
+    def _create_outcome(self, obj: Obj) -> Obj | Exception | None:
+        try:
+            return self.create(obj)
+        except Exception as error:  # reported by create_batches, raised by its caller
+            return error
+
+    def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> list[Obj]:
+        """Delete these pods; returns those that were already gone."""
+        deleted = self.pool.map(lambda pod: self.delete_pod(pod, grace_seconds), pods)
+        return [pod for pod, done in zip(pods, deleted, strict=True) if not done]
+
+    def delete_pod(self, pod: Obj, grace_seconds: int | None = None) -> bool:
+        """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint unless
+        `grace_seconds` shortens it (0: at once, for a pod on a lost node that will never confirm). False when it
+        was already gone."""
+        meta = pod["metadata"]
+        body: Obj = {"preconditions": {"uid": meta["uid"]}} if meta.get("uid") else {}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        try:
+            self._call("delete", "pods", self.core.delete_namespaced_pod, meta["name"], meta["namespace"], body=body)
+        except ApiException as error:
+            if error.status in (404, 409):  # gone, or already replaced by a newer pod of that name
+                return False
+            raise
+        return True
+
+    # ------------------------------------------------------------------ Kueue (kubetf.core.kueue)
+
+    def mark_unretriable(self, pods: list[Obj]) -> None:
+        """Tell Kueue these pods will not be replaced: their group's Workload finishes once none runs."""
+        patch = {"metadata": {"annotations": {kueue.RETRIABLE_ANNOTATION: "false"}}}
+        list(self.pool.map(lambda pod: self._patch_pod(pod, patch), pods))
+
+    def release_pods(self, pods: list[Obj]) -> None:
+        """Remove Kueue's finalizer from these deleted pods (they run nothing any more: kueue.held), and end their
+        deletion at once: the kubelet would confirm it only once it has cleaned up after the containers, most of a
+        second that the replacement of the same name, and a preempted group's readmission, would wait for."""
+        list(self.pool.map(self._release, pods))
+
+    def _release(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        for _attempt in range(3):
+            finalizers = meta.get("finalizers") or []
+            if kueue.FINALIZER not in finalizers:
+                return
+            at = finalizers.index(kueue.FINALIZER)
+            # The uid and the finalizer's place are tested: never another pod of that name, never another entry.
+            patch = [
+                {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+                {"op": "test", "path": f"/metadata/finalizers/{at}", "value": kueue.FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{at}"},
+            ]
+            try:
+                self._patch_pod(pod, patch)
+                self.delete_pod(pod, grace_seconds=0)
+                return
+            except ApiException as error:
+                if error.status not in (409, 422):  # 422: a test failed: the list changed, read it again
+                    raise
+            fresh = self.get_pod(meta["namespace"], meta["name"])
+            if fresh is None or fresh["metadata"].get("uid") != meta["uid"]:
+                return
+            meta = fresh["metadata"]
+
+    def _patch_pod(self, pod: Obj, patch: Any) -> None:
+        meta = pod["metadata"]
+        try:
+            self._call("patch", "pods", self.core.patch_namespaced_pod, meta["name"], meta["namespace"], patch)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def local_queue(self, namespace: str, name: str) -> tuple[bool, str | None]:
+        """(whether the cluster has Kueue's API, the LocalQueue's ClusterQueue or None when there is no such queue)."""
+        try:
+            queue = self._call(
+                "get", "localqueues", self.custom.get_namespaced_custom_object,
+                kueue.GROUP, kueue.VERSION, namespace, "localqueues", name,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            # A missing object is a Status naming it; a missing API is a bare "404 page not found".
+            try:
+                details = json.loads(error.body or "{}").get("details")
+            except ValueError:
+                details = None
+            return bool(details), None
+        return True, str((queue.get("spec") or {}).get("clusterQueue") or "") or None
+
+    def pending_workloads(self, path: str, offset: int, limit: int) -> list[Obj]:
+        """Kueue's visibility API: the pending Workloads of a ClusterQueue (`clusterqueues/NAME`) or a LocalQueue
+        (`namespaces/NS/localqueues/NAME`), from `offset`, in queue order, each with its positionInClusterQueue.
+        Raises `NotServed` where the cluster does not serve it to the operator."""
+        try:
+            result = self._call(
+                "get", "pendingworkloads", self.api_client.call_api,
+                f"/apis/{kueue.VISIBILITY_GROUP}/{kueue.VISIBILITY_VERSION}/{path}/pendingworkloads", "GET",
+                query_params=[("offset", offset), ("limit", limit)], auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status in (403, 404, 503):
+                raise NotServed(error.status, _message(error)) from error
+            raise
+        items: list[Obj] = (result or {}).get("items") or []
+        return items
+
+    def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+        """Kueue's Workloads (namespace "": all), page by page; none where Kueue is not installed or not readable."""
+        return self._kueue_pages("workloads", namespace)
+
+    def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+        """Kueue's LocalQueues (namespace "": all), page by page; none where Kueue is not installed or not readable."""
+        return self._kueue_pages("localqueues", namespace)
+
+    def _kueue_pages(self, resource: str, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+        try:
+            yield from self.pages(resource, namespace, "", f"{kueue.GROUP}/{kueue.VERSION}")
+        except ApiException as error:
+            if error.status not in (403, 404):
+                raise
+
+    def get_node(self, name: str) -> Obj | None:
+        return self._get("nodes", self.core.read_node, name)
+
+    def get_pod(self, namespace: str, name: str) -> Obj | None:
+        return self._get("pods", self.core.read_namespaced_pod, name, namespace)
+
+    def pod_log(self, namespace: str, name: str, follow: bool = False, container: str | None = None) -> Any:
+        """The pod's log as a stream of bytes lines (follow: until the container ends)."""
+        self.limiter.acquire()
+        response = self.core.read_namespaced_pod_log(
+            name, namespace, container=container, follow=follow, _preload_content=False,
+            _request_timeout=(self.timeout[0], None) if follow else self.timeout,
+        )  # fmt: skip
+        return response
+
+    def pod_log_tail(self, pod: Obj, container: str, since_seconds: int, limit_bytes: int) -> str:
+        """What the container printed in the last `since_seconds` (at most `limit_bytes`); "" when there is no
+        log to read (the pod or its container is gone). Raises `LogUnreadable` when its node did not give it."""
+        meta = pod["metadata"]
+        self.limiter.acquire()
+        metrics.API_REQUESTS.labels(verb="get", resource="pods/log").inc()
+        try:
+            response = self.core.read_namespaced_pod_log(
+                meta["name"], meta["namespace"], container=container, since_seconds=since_seconds,
+                limit_bytes=limit_bytes, _preload_content=False, _request_timeout=self.log_timeout,
+            )  # fmt: skip
+        except ApiException as error:
+            metrics.API_ERRORS.labels(verb="get", resource="pods/log", code=str(error.status)).inc()
+            if error.status in (400, 404):
+                return ""
+            raise LogUnreadable(f"{error.status}: {_message(error)}") from error
+        return bytes(response.data or b"").decode("utf-8", "replace")
+
+    def list_events(self, namespace: str, name: str) -> list[Obj]:
+        result = self._call(
+            "list", "events", self.core.list_namespaced_event, namespace, field_selector=f"involvedObject.name={name}"
+        )
+        items: list[Obj] = result["items"]
+        return items
+
+    # ------------------------------------------------------------------ leader election
+
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        return self._get("leases", self.coordination.read_namespaced_lease, name, namespace)
+
+    def create_lease(self, namespace: str, body: Obj) -> Obj:
+        created: Obj = self._call("create", "leases", self.coordination.create_namespaced_lease, namespace, body)
+        return created
+
+    def replace_lease(self, namespace: str, name: str, body: Obj) -> Obj:
+        """Write the lease; the body's resourceVersion makes it fail (409) if someone wrote it meanwhile."""
+        replaced: Obj = self._call(
+            "update", "leases", self.coordination.replace_namespaced_lease, name, namespace, body
+        )
+        return replaced
+
+    # ------------------------------------------------------------------ events
+
+    def event(self, job: Obj, type_: str, reason: str, message: str) -> None:
+        meta = job["metadata"]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "source": {"component": "kubetf-operator"},
+            "reportingComponent": "kubetf.io/operator",
+            "reportingInstance": self.instance,
+        }
+        try:
+            self._call("create", "events", self.core.create_namespaced_event, meta["namespace"], body)
+        except ApiException as error:
+            if error.status in (409, 429) or (error.status or 0) >= 500:
+                raise  # transient: the reconcile fails before the status records the decision, and posts it again
+            # Refused for good (forbidden, invalid, namespace going away): never worth failing a reconcile for.
+            level = logging.DEBUG if _namespace_terminating(error) else logging.WARNING
+            log.log(level, "could not record event %s on %s/%s: %s %s", reason, meta["namespace"], meta["name"],
+                    error.status, _message(error))  # fmt: skip

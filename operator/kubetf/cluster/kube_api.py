@@ -1,0 +1,79 @@
+"""What the operator needs of the Kubernetes API, as a Protocol: `cluster.kube.Kube` implements it against a real
+API server, the unit tests' `FakeApi` in memory, and mypy checks both against it (`make lint`). With the errors
+and results that cross it.
+
+Every write is idempotent: creating what exists is success (names are deterministic), deleting what is gone is
+success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kubetf.core.refusals import Refusal
+
+Obj = dict[str, Any]
+
+
+class KubeApi(Protocol):
+    # ---- reads (the cache is filled from the lists; the rest is read when a reconcile needs it)
+    def list_paged(
+        self, resource: str, namespaces: Iterable[str], label_selector: str = ..., api_version: str = ...
+    ) -> Iterator[Obj]: ...
+    def pages(
+        self, resource: str, namespace: str, label_selector: str = ..., api_version: str = ...
+    ) -> Iterator[tuple[list[Obj], int]]: ...
+    def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]: ...
+    def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]: ...
+    def local_queue(self, namespace: str, name: str) -> tuple[bool, str | None]: ...
+    def pending_workloads(self, path: str, offset: int, limit: int) -> list[Obj]: ...
+    def get_node(self, name: str) -> Obj | None: ...
+    def pod_log_tail(self, pod: Obj, container: str, since_seconds: int, limit_bytes: int) -> str: ...
+
+    # ---- writes (the leader's alone: `NotLeader` otherwise)
+    def dry_run(self, objects: list[Obj], owner_uid: str) -> Refusal | None: ...
+    def create_batches(self, batches: list[list[Obj]]) -> Creation: ...
+    def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> list[Obj]: ...
+    def mark_unretriable(self, pods: list[Obj]) -> None: ...
+    def release_pods(self, pods: list[Obj]) -> None: ...
+    def patch_job_status(self, job: Obj, patch: Obj) -> Obj | None: ...
+    def delete_job(self, namespace: str, name: str, uid: str | None = None) -> bool: ...
+    def event(self, job: Obj, type_: str, reason: str, message: str) -> None: ...
+
+
+class NotLeader(Exception):
+    """A write refused because this operator does not hold the leader lease (any more)."""
+
+
+class Refused(Exception):
+    """The API server would not create one of a job's objects; `refusal` says why, classified."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"{refusal.kind} {refusal.name}: {refusal.message}")
+        self.refusal = refusal
+
+
+class NotServed(Exception):
+    """The cluster does not serve this API to the operator: not installed (404), no RBAC for it (403), or its
+    aggregated API server unavailable (503)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class LogUnreadable(Exception):
+    """The API server could not get a pod's log from its node (the status and the server's own words)."""
+
+
+@dataclass
+class Creation:
+    """What a creation in batches did: created objects, names not created, and why: a refusal (the job's status
+    says it) or another error (a name already taken is neither: the watch shows that object)."""
+
+    created: list[Obj] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    refusal: Refusal | None = None
+    error: Exception | None = None

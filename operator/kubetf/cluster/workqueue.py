@@ -1,0 +1,209 @@
+"""Generic controller machinery, nothing about TrainingJobs: a work queue and expectations (as in client-go).
+
+- `WorkQueue`: each key is queued at most once, at the most urgent priority it was asked for; a key is never
+  handed to two workers at once (added again while being processed, it comes back once it is done); wakeups at
+  a given time; per-key exponential backoff after errors.
+- `Expectations`: the creates and deletes a controller made and its watch has not shown yet, so that it never
+  acts on a cache that has not seen its own writes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Key = TypeVar("Key", bound=Hashable)
+
+
+class ShutDown(Exception):
+    """The queue was shut down: workers stop."""
+
+
+class WorkQueue(Generic[Key]):
+    def __init__(
+        self, backoff_first: float = 1.0, backoff_cap: float = 300.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.clock = clock
+        self.backoff_first, self.backoff_cap = backoff_first, backoff_cap
+        lock = threading.Lock()
+        self.cond = threading.Condition(lock)  # workers wait on this one ...
+        self.timer_cond = threading.Condition(lock)  # ... the timer thread on this one
+        self.seq = itertools.count()
+        self.ready: list[tuple[int, int, Key]] = []  # (priority, sequence, key): lower runs first
+        self.queued: dict[Key, tuple[int, int]] = {}  # the live entry of each queued key
+        self.processing: set[Key] = set()
+        self.again: dict[Key, int] = {}  # added while processing: queued when done, at this priority
+        self.timers: list[tuple[float, int, Key, int]] = []  # (when, sequence, key, priority)
+        self.due: dict[tuple[Key, int], float] = {}  # earliest wakeup per key and priority
+        self.failures: dict[Key, int] = {}
+        self.stopped = False
+        self.timer_thread = threading.Thread(target=self._timer_loop, name="workqueue-timers", daemon=True)
+        self.timer_thread.start()
+
+    def __len__(self) -> int:
+        with self.cond:
+            return len(self.queued)
+
+    def add(self, key: Key, priority: int) -> None:
+        with self.cond:
+            self._add(key, priority)
+
+    def _add(self, key: Key, priority: int) -> None:
+        if key in self.processing:
+            self.again[key] = min(priority, self.again.get(key, priority))
+            return
+        current = self.queued.get(key)
+        if current is not None and current[0] <= priority:
+            return
+        entry = (priority, next(self.seq))
+        self.queued[key] = entry
+        heapq.heappush(self.ready, (*entry, key))
+        self.cond.notify()
+
+    def at(self, when: float, key: Key, priority: int) -> None:
+        """Add `key` at `when` (clock time), unless an earlier wakeup of that priority is already set."""
+        with self.cond:
+            current = self.due.get((key, priority))
+            if current is not None and current <= when:
+                return
+            self.due[(key, priority)] = when
+            heapq.heappush(self.timers, (when, next(self.seq), key, priority))
+            self.timer_cond.notify()
+
+    def get(self) -> tuple[Key, int]:
+        """The next key to process, most urgent first (FIFO within a priority); blocks. Call `done` after."""
+        with self.cond:
+            while True:
+                if self.stopped:
+                    raise ShutDown
+                while self.ready:
+                    priority, seq, key = heapq.heappop(self.ready)
+                    if self.queued.get(key) == (priority, seq):
+                        del self.queued[key]
+                        self.processing.add(key)
+                        return key, priority
+                self.cond.wait()
+
+    def done(self, key: Key) -> None:
+        with self.cond:
+            self.processing.discard(key)
+            priority = self.again.pop(key, None)
+            if priority is not None:
+                self._add(key, priority)
+
+    def retry(self, key: Key, priority: int, cap: float | None = None) -> float:
+        """After a failed run: add `key` again after its next backoff delay (doubling per failure, at most `cap`
+        when given, else the queue's cap)."""
+        with self.cond:
+            failures = self.failures.get(key, 0)
+            self.failures[key] = failures + 1
+        delay = min(cap or self.backoff_cap, self.backoff_first * 2**failures)
+        self.at(self.clock() + delay, key, priority)
+        return delay
+
+    def forget(self, key: Key) -> None:
+        """A successful run: the key's backoff starts over."""
+        with self.cond:
+            self.failures.pop(key, None)
+
+    def shutdown(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+            self.timer_cond.notify_all()
+
+    def _timer_loop(self) -> None:
+        with self.cond:
+            while not self.stopped:
+                now = self.clock()
+                while self.timers and self.timers[0][0] <= now:
+                    when, _, key, priority = heapq.heappop(self.timers)
+                    if self.due.get((key, priority)) == when:
+                        del self.due[(key, priority)]
+                        self._add(key, priority)
+                wait = (self.timers[0][0] - now) if self.timers else None
+                self.timer_cond.wait(timeout=min(wait, 60.0) if wait is not None else None)
+
+
+@dataclass
+class _Pending:
+    creations: set[str] = field(default_factory=set)  # names of objects created, not yet seen
+    deletions: set[str] = field(default_factory=set)  # uids of objects deleted, not yet seen going
+    deadline: float = 0.0
+
+
+class Expectations(Generic[Key]):
+    """Per key, the writes the watch has yet to show. Expired after `timeout` (a lost event must not block a key
+    forever: the controller then acts on what it has, and its next resync re-reads the API).
+
+    A key that came up while it waited is deferred (`defer`) and handed back by the `observe` that completes its
+    writes: both under one lock, so the event that completes them can never slip in between the check and the
+    record of the wait (it would find nothing deferred, and the key would sleep until the timeout).
+    """
+
+    def __init__(self, timeout: float = 30.0, clock: Callable[[], float] = time.time) -> None:
+        self.timeout, self.clock = timeout, clock
+        self.lock = threading.Lock()
+        self.pending: dict[Key, _Pending] = {}
+        self.deferred: dict[Key, int] = {}  # key -> the most urgent priority it was deferred at
+
+    def expect(self, key: Key, creations: Iterable[str] = (), deletions: Iterable[str] = ()) -> None:
+        creations, deletions = list(creations), list(deletions)
+        if not creations and not deletions:
+            return  # nothing new: a wait under way keeps its deadline
+        with self.lock:
+            entry = self.pending.setdefault(key, _Pending())
+            entry.creations.update(creations)
+            entry.deletions.update(deletions)
+            entry.deadline = self.clock() + self.timeout
+            if not entry.creations and not entry.deletions:
+                del self.pending[key]
+
+    def observe(self, key: Key, name: str, uid: str, gone: bool) -> int | None:
+        """The watch showed object `name`/`uid` (`gone`: being deleted or deleted). When that completed the key's
+        expectations and the key was deferred meanwhile: the priority to queue it at again."""
+        with self.lock:
+            entry = self.pending.get(key)
+            if entry is None:
+                return None
+            entry.creations.discard(name)
+            if gone:
+                entry.deletions.discard(uid)
+            if entry.creations or entry.deletions:
+                return None
+            del self.pending[key]
+            return self.deferred.pop(key, None)
+
+    def cancel_creations(self, key: Key, names: Iterable[str]) -> None:
+        """Creates that did not happen (the API server refused them): nothing to wait for."""
+        with self.lock:
+            entry = self.pending.get(key)
+            if entry is None:
+                return
+            entry.creations.difference_update(names)
+            if not entry.creations and not entry.deletions:
+                del self.pending[key]
+
+    def defer(self, key: Key, priority: int) -> float | None:
+        """While the key waits for its writes to show: record that it came up (at `priority`) and return the clock
+        time it stops waiting. None: nothing pending, go ahead."""
+        with self.lock:
+            entry = self.pending.get(key)
+            if entry is not None and self.clock() >= entry.deadline:
+                del self.pending[key]
+                entry = None
+            if entry is None:
+                self.deferred.pop(key, None)
+                return None
+            self.deferred[key] = min(priority, self.deferred.get(key, priority))
+            return entry.deadline
+
+    def forget(self, key: Key) -> None:
+        with self.lock:
+            self.pending.pop(key, None)
+            self.deferred.pop(key, None)

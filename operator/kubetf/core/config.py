@@ -1,0 +1,109 @@
+"""The operator's settings: one object, made by `kubetf operator` from its flags and passed in, never global.
+
+Every default is stated here once; the command line's flags take their defaults from this class.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+DEFAULT_LEASE_NAMESPACE = "kubetf-system"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = ()  # empty: every namespace; glob patterns (team-*) work too
+    # Client-side rate limit of all API traffic (a token bucket, like client-go's QPS and burst).
+    qps: float = 300.0
+    burst: int = 600
+    workers: int = 8  # reconciles run in parallel (one job is never reconciled by two at once)
+    # Safety resync: every job, pod and pod group Workload re-listed from the API server (paged), in case a watch
+    # missed an event; the jobs whose state differs from the cache's are reconciled.
+    resync_seconds: float = 600.0
+    resync_jitter: float = 0.2
+    # Pods of one job are created in batches that double from `first_batch` (stopping at the first error), at
+    # most `creates_per_reconcile` per turn, so a 1,000-worker job does not hold a worker while others wait.
+    first_batch: int = 8
+    creates_per_reconcile: int = 64
+    # How long a reconcile waits for the watch to deliver the operator's own creates and deletes.
+    expectations_timeout: float = 30.0
+    # Per-job backoff after a failed reconcile: doubling from the first delay up to the cap; for an error of the
+    # cluster that goes away by itself (a 5xx, a webhook it cannot call, a timeout), up to `transient_retry_cap`.
+    error_backoff_first: float = 1.0
+    error_backoff_cap: float = 300.0
+    transient_retry_cap: float = 5.0
+    # Kueue's visibility API is read this often for the place of each queued job in its ClusterQueue; the status
+    # writes it causes are budgeted (per second, the front of each queue first).
+    queue_position_seconds: float = 30.0
+    queue_position_writes: float = 2.0
+    # Leader election on a Lease (client-go's protocol): the holder renews every `retry_period`; it stops
+    # writing when it could not renew for `renew_deadline`; a standby takes over once the holder's record has
+    # not changed for `lease_duration`. renew_deadline < lease_duration keeps two writers from overlapping.
+    leader_election: bool = True
+    lease_namespace: str = DEFAULT_LEASE_NAMESPACE
+    lease_name: str = "kubetf-operator"
+    lease_duration: float = 8.0
+    renew_deadline: float = 5.0
+    retry_period: float = 1.0
+    identity: str = ""
+    verbose: bool = False
+
+    # ---- timing: every delay the operator waits or grants, in seconds
+    # API requests: connect and read timeouts. A pod's log comes through its node's kubelet, which may not answer
+    # at all (a partitioned node): read with a short timeout, so a reconcile worker is never held for long.
+    api_timeout: tuple[float, float] = (5.0, 30.0)
+    log_timeout: tuple[float, float] = (2.0, 4.0)
+    # After the start, the first re-list comes once the watches run.
+    audit_after_start: float = 20.0
+    # A deleted object's uid is remembered this long, so a list taken before the deletion cannot bring it back.
+    tombstone_seconds: float = 300.0
+    # A previous job's Service or PVC still holding a name is usually garbage-collected within seconds.
+    name_in_use_recheck: float = 10.0
+    # A LocalQueue the watch has not shown is read from the API; its absence (or Kueue's) serves this long.
+    local_queue_recheck: float = 5.0
+    # Kueue's visibility API not answering: asked again after this long.
+    positions_unavailable_recheck: float = 600.0
+    # Nodes: a node's Ready state read from the API serves every job with pods there this long; while a pod is
+    # being deleted on a node, its node is looked at again this often (a node that stopped reporting sends no event
+    # of its own). The cluster's kube-controller-manager marks a node Unknown `node_monitor_grace`
+    # (--node-monitor-grace-period) after its last heartbeat, at its next check (every `node_monitor_period`,
+    # --node-monitor-period): the node stopped reporting up to the sum of both before it was marked.
+    node_state_seconds: float = 5.0
+    node_check_seconds: float = 10.0
+    node_monitor_grace: float = 50.0
+    node_monitor_period: float = 5.0
+    # A pod unscheduled for less than this is not a reason worth a warning yet (the scheduler retries, an
+    # autoscaler adds nodes); an old pod still there this long after its grace period is reported stuck.
+    scheduling_grace: float = 30.0
+    stuck_margin: float = 15.0
+    # A MultiWorkerMirrored group restart (kubetf.core.sigterm): seconds after the first member's SIGTERM to look
+    # for TensorFlow's "SIGTERM caught" line; the grace period of the rest once it is found; how far before the
+    # SIGTERM the log is read from (the clocks of the API server and the node differ).
+    sigterm_checks: tuple[float, ...] = (0.0, 2.0, 4.0, 6.0)
+    sigterm_stop_grace: int = 1
+    sigterm_clock_skew: float = 5.0
+
+    def list_scopes(self) -> tuple[str, ...]:
+        """What to list: each namespace named, or "" (every namespace, then filtered by `serves`) when a pattern
+        names them."""
+        if not self.namespaces or any(set(n) & set("*?[") for n in self.namespaces):
+            return ("",)
+        return self.namespaces
+
+    def serves(self, namespace: str) -> bool:
+        return not self.namespaces or any(fnmatch.fnmatchcase(namespace, n) for n in self.namespaces)
+
+    def problem(self) -> str | None:
+        """What makes these settings unsafe, with the flags to fix; None when they are fine."""
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            return (
+                f"--retry-period ({self.retry_period}) < --renew-deadline ({self.renew_deadline}) < --lease-duration "
+                f"({self.lease_duration}) is required: a leader must stop writing before a standby may take over"
+            )
+        if min(*self.api_timeout, *self.log_timeout) <= 0:
+            return "--api-timeout and --log-timeout must be positive (CONNECT,READ seconds)"
+        return None
+
+
+DEFAULTS = OperatorConfig()

@@ -1,0 +1,274 @@
+"""Kubeflow `kubeflow.org/v1` TFJob -> TrainingJob, with a note for everything that does not carry over as is.
+
+Kubeflow's defaults (training-operator v1.9.4, `tensorflow_defaults.go`) are made explicit where kubetf's differ:
+a replica's restartPolicy defaults to Never there (OnFailure here); cleanPodPolicy to None there (Running here).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubetf.core import api
+
+KUBEFLOW_API_VERSION = "kubeflow.org/v1"
+KUBEFLOW_PORT_NAME = "tfjob-port"
+KUBEFLOW_DEFAULT_PORT = 2222
+KUBEFLOW_RESTART_POLICY = "Never"
+KUBEFLOW_CONTROLLER = "kubeflow.org/training-operator"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+# The pod labels Kubeflow sets that a template can carry (the same on every pod of a replica type); users select
+# on them. `replica-index`, `operator-name`, and `job-role` on worker 0 differ per pod or name Kubeflow's
+# operator: see docs/migrating-from-tfjob.md.
+LABEL_JOB_NAME = "training.kubeflow.org/job-name"
+LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+LABEL_JOB_ROLE = "training.kubeflow.org/job-role"
+
+# Kubeflow's replica types (case-insensitive there) -> TF_CONFIG roles.
+ROLE_OF = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
+RESTART_POLICY_OF = {"OnFailure": "OnFailure", "Never": "Never", "ExitCode": "ExitCode", "Always": "OnFailure"}
+RUN_POLICY_FIELDS = ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "cleanPodPolicy", "suspend")
+LEGACY_RUN_POLICY_FIELDS = ("cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
+# A job with a Kueue queue is admitted as one pod group: all of its pods or none (gang admission). Without a queue
+# every pod is created at once and only the startup timeout bounds a job whose pods cannot all start.
+GANG_QUEUED = (
+    "carried over as Kueue's pod group: Kueue admits all of the job's pods together or none (kubetf asks for every "
+    "replica, not a part of them)"
+)
+GANG_UNQUEUED = (
+    "not carried over: without a Kueue queue kubetf creates every pod at once, and runPolicy.startupTimeoutSeconds "
+    "fails a job whose pods cannot all start; add the label kueue.x-k8s.io/queue-name for all-or-nothing admission"
+)
+SCHEDULING_NOTES = {
+    "scheduleTimeoutSeconds": "not carried over: runPolicy.startupTimeoutSeconds (default 600) fails the job when "
+    "its pods are still not running after that long",
+}
+TFJOB_SPEC_FIELDS = ("tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker", *LEGACY_RUN_POLICY_FIELDS)
+
+
+class ConversionError(ValueError):
+    """The input is not a TFJob that can be converted."""
+
+
+@dataclass
+class Conversion:
+    job: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def convert(tfjob: Any, strategy: str | None = None) -> Conversion:
+    """The TrainingJob for a TFJob. `strategy` overrides the one the layout suggests (see `_strategy`)."""
+    _check(tfjob, strategy)
+    spec = tfjob.get("spec") or {}
+    notes: list[str] = []
+    metadata = _metadata(tfjob.get("metadata") or {}, notes)
+    out_specs, kubeflow_types, ports = _replicas(
+        spec["tfReplicaSpecs"], (tfjob.get("metadata") or {}).get("name"), notes
+    )
+    if sum(r.get("replicas", 1) for r in out_specs.values()) == 1:
+        notes.append(
+            "spec.tfReplicaSpecs: a single replica: Kubeflow set no TF_CONFIG, kubetf sets one naming only this task"
+        )
+    success_policy = spec.get("successPolicy") or "ChiefOrWorker0"
+    chosen = strategy or _strategy(out_specs, kubeflow_types, success_policy, notes)
+    job_spec: dict[str, Any] = {"strategy": chosen, "replicaSpecs": out_specs}
+    if len(ports) > 1:
+        notes.append(f"containers declare different {KUBEFLOW_PORT_NAME} ports {sorted(ports)}: using {min(ports)}")
+    if ports and min(ports) != KUBEFLOW_DEFAULT_PORT:
+        job_spec["port"] = min(ports)
+    _run_policy(spec, job_spec, metadata, notes)
+    if success_policy == "AllWorkers":
+        job_spec["successPolicy"] = "AllWorkers"
+    if spec.get("enableDynamicWorker"):
+        notes.append("spec.enableDynamicWorker: not carried over; kubetf keeps a fixed set of tasks")
+    for unknown in sorted(set(spec) - set(TFJOB_SPEC_FIELDS)):
+        notes.append(f"spec.{unknown}: not carried over (not a TFJob field kubetf knows)")
+    job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": job_spec}
+    return Conversion(job, notes)
+
+
+def _metadata(source: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """Name, namespace, labels and the user's annotations; what the API server set (uid, managedFields...) goes."""
+    metadata = {k: copy.deepcopy(source[k]) for k in ("name", "namespace", "labels") if source.get(k)}
+    annotations = {k: v for k, v in (source.get("annotations") or {}).items() if k != LAST_APPLIED}
+    if annotations:
+        metadata["annotations"] = annotations
+    return metadata
+
+
+def _replica(replica: dict[str, Any], path: str, notes: list[str]) -> tuple[dict[str, Any], int | None]:
+    template = copy.deepcopy(replica.get("template") or {})
+    out: dict[str, Any] = {"replicas": replica.get("replicas", 1)}
+    policy = replica.get("restartPolicy") or KUBEFLOW_RESTART_POLICY
+    if policy not in RESTART_POLICY_OF:
+        raise ConversionError(f"{path}.restartPolicy: unknown value {policy!r} (Always, OnFailure, Never, ExitCode)")
+    out["restartPolicy"] = RESTART_POLICY_OF[policy]
+    if policy == "Always":
+        notes.append(
+            f"{path}.restartPolicy: Always became OnFailure (kubetf never re-runs a task that exited 0); "
+            "failures are now limited by runPolicy.backoffLimit"
+        )
+    if policy == "ExitCode":
+        notes.append(
+            f"{path}.restartPolicy: ExitCode now retries exit codes 128-255 up to runPolicy.backoffLimit "
+            "(Kubeflow retried them without limit); 137, 143 and 42 are preemptions and never count"
+        )
+    pod_spec = template.get("spec") or {}
+    if pod_spec.pop("restartPolicy", None) is not None:
+        notes.append(f"{path}.template.spec.restartPolicy: dropped; the operator restarts pods itself")
+    containers = pod_spec.get("containers") or []
+    if containers and not any(c.get("name") == api.TRAINING_CONTAINER for c in containers):
+        notes.append(
+            f"{path}.template.spec.containers: none is named {api.TRAINING_CONTAINER}: Kubeflow gave TF_CONFIG to "
+            f"no container, kubetf gives it to the first ({containers[0].get('name')})"
+        )
+    port = None
+    for container in containers:
+        kept = []
+        for container_port in container.get("ports") or []:
+            if container_port.get("name") == KUBEFLOW_PORT_NAME:
+                port = int(container_port.get("containerPort", KUBEFLOW_DEFAULT_PORT))
+            else:
+                kept.append(container_port)
+        if "ports" in container:
+            if kept:
+                container["ports"] = kept
+            else:
+                del container["ports"]
+    out["template"] = template
+    return out, port
+
+
+def _check(tfjob: Any, strategy: str | None) -> None:
+    if not isinstance(tfjob, dict) or tfjob.get("kind") != "TFJob":
+        kind = tfjob.get("kind") if isinstance(tfjob, dict) else type(tfjob).__name__
+        raise ConversionError(f"expected a Kubeflow TFJob (kind: TFJob), got {kind!r}")
+    if tfjob.get("apiVersion") != KUBEFLOW_API_VERSION:
+        raise ConversionError(f"apiVersion must be {KUBEFLOW_API_VERSION}, got {tfjob.get('apiVersion')!r}")
+    if strategy is not None and strategy not in api.STRATEGIES:
+        raise ConversionError(f"strategy {strategy!r}: must be one of {', '.join(api.STRATEGIES)}")
+    replica_specs = (tfjob.get("spec") or {}).get("tfReplicaSpecs")
+    if not isinstance(replica_specs, dict) or not replica_specs:
+        raise ConversionError("spec.tfReplicaSpecs: required, with at least one replica type")
+
+
+def _replicas(
+    replica_specs: dict[str, Any], name: str | None, notes: list[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], set[int]]:
+    """(the replicaSpecs by role, the Kubeflow replica type of each role, the TF ports their containers declare)."""
+    out_specs: dict[str, dict[str, Any]] = {}
+    kubeflow_types: dict[str, str] = {}
+    ports: set[int] = set()
+    for kubeflow_type, replica in replica_specs.items():
+        path = f"spec.tfReplicaSpecs.{kubeflow_type}"
+        role = ROLE_OF.get(str(kubeflow_type).lower())
+        if role is None:
+            raise ConversionError(f"{path}: unknown replica type (Kubeflow knows Chief, Master, Worker, PS, Evaluator)")
+        if role in out_specs:
+            raise ConversionError(f"{path}: a second {role} replica type (Chief and Master are the same role)")
+        if str(kubeflow_type).lower() == "master":
+            notes.append(f"{path}: Master became chief (TF_CONFIG job name 'chief' instead of 'master')")
+        if role == "evaluator":
+            notes.append(
+                f"{path}: the evaluator is not in the training tasks' TF_CONFIG cluster (Kubeflow listed it there, "
+                "which hangs TF2 ParameterServer training)"
+            )
+        out_specs[role], port = _replica(replica or {}, path, notes)
+        labels = out_specs[role]["template"].setdefault("metadata", {}).setdefault("labels", {})
+        labels |= {LABEL_JOB_NAME: str(name or ""), LABEL_REPLICA_TYPE: str(kubeflow_type).lower()}
+        if role == "chief":
+            labels[LABEL_JOB_ROLE] = "master"
+        kubeflow_types[role] = str(kubeflow_type)
+        if port is not None:
+            ports.add(port)
+    return out_specs, kubeflow_types, ports
+
+
+def _run_policy(spec: dict[str, Any], job_spec: dict[str, Any], metadata: dict[str, Any], notes: list[str]) -> None:
+    run_policy = dict(spec.get("runPolicy") or {})
+    for legacy in LEGACY_RUN_POLICY_FIELDS:
+        if legacy in spec:  # pre-v1 placement at the top of the spec
+            run_policy.setdefault(legacy, spec[legacy])
+    carried = {k: run_policy[k] for k in RUN_POLICY_FIELDS if run_policy.get(k) is not None}
+    if "ps" in job_spec["replicaSpecs"] and "cleanPodPolicy" not in carried:
+        notes.append(
+            "spec.runPolicy.cleanPodPolicy: not set, so Kubeflow (default None) left ps pods running after the job "
+            "ended; kubetf's default Running stops them (set cleanPodPolicy: None to keep them)"
+        )
+    _scheduling_policy(run_policy.get("schedulingPolicy"), metadata, job_spec["replicaSpecs"], notes)
+    _managed_by(run_policy.get("managedBy"), notes)
+    for dropped in sorted(set(run_policy) - {*RUN_POLICY_FIELDS, "schedulingPolicy", "managedBy"}):
+        notes.append(f"spec.runPolicy.{dropped}: not carried over (kubetf has no equivalent)")
+    if carried:
+        job_spec["runPolicy"] = carried
+
+
+def _strategy(
+    replica_specs: dict[str, dict[str, Any]], kubeflow_types: dict[str, str], success_policy: str, notes: list[str]
+) -> str:
+    """The strategy a TFJob's layout implies; a note where the layout fits more than one kind of program.
+
+    PS without a chief is TF1 between-graph training (TF2's ParameterServerStrategy needs a chief to coordinate):
+    Independent. PS with a chief is either TF2 ParameterServerStrategy or TF1/Estimator (the chief trains too):
+    AllWorkers or a legacy Master says TF1; otherwise ParameterServer, and the user is told how to choose.
+    Without PS: MultiWorkerMirrored, whose whole-group restart is also safe for tasks that could restart alone.
+    """
+    if "ps" not in replica_specs:
+        return "MultiWorkerMirrored"
+    chief_type = kubeflow_types.get("chief")
+    if chief_type is None:
+        return "Independent"
+    if success_policy == "AllWorkers":
+        return "Independent"  # ParameterServer's workers never exit: AllWorkers can only mean TF1
+    picked, why = "ParameterServer", "TF2 ParameterServerStrategy: the chief coordinates, workers and ps serve"
+    if chief_type.lower() == "master":
+        picked, why = "Independent", "the legacy Master type is TF1/Estimator's: every task trains on its own"
+    notes.append(
+        f"spec.tfReplicaSpecs: PS with {chief_type} fits TF2 ParameterServerStrategy and TF1/Estimator training; "
+        f"chose {picked} ({why}); if the program is the other kind, convert again with --strategy "
+        f"{'Independent' if picked == 'ParameterServer' else 'ParameterServer'}"
+    )
+    return picked
+
+
+def _scheduling_policy(
+    policy: Any, metadata: dict[str, Any], replica_specs: dict[str, dict[str, Any]], notes: list[str]
+) -> None:
+    queued = bool((policy or {}).get("queue") or (metadata.get("labels") or {}).get(KUEUE_QUEUE_LABEL))
+    for key, value in (policy or {}).items():
+        path = f"spec.runPolicy.schedulingPolicy.{key}"
+        if key == "queue" and value:
+            labels = metadata.setdefault("labels", {})
+            if labels.setdefault(KUEUE_QUEUE_LABEL, value) == value:
+                notes.append(
+                    f"{path}: set as the {KUEUE_QUEUE_LABEL} label: Kueue admits the job from LocalQueue {value} "
+                    "(Kubeflow gave the queue to Volcano's PodGroup)"
+                )
+            else:
+                notes.append(f"{path}: {value} not carried over: the job's {KUEUE_QUEUE_LABEL} label names the queue")
+        elif key == "priorityClass" and value:
+            for spec in replica_specs.values():
+                spec["template"].setdefault("spec", {}).setdefault("priorityClassName", value)
+            notes.append(
+                f"{path}: set as priorityClassName on every pod template that has none "
+                "(Kubeflow gave it to the gang-scheduling PodGroup)"
+            )
+        elif key in ("minAvailable", "minResources") and value not in (None, "", {}):
+            notes.append(f"{path}: {GANG_QUEUED if queued else GANG_UNQUEUED}")
+        elif value not in (None, "", {}):
+            notes.append(f"{path}: {SCHEDULING_NOTES.get(key, 'not carried over (kubetf has no equivalent)')}")
+
+
+def _managed_by(value: Any, notes: list[str]) -> None:
+    if not value:
+        return
+    if value == KUBEFLOW_CONTROLLER:
+        notes.append(f"spec.runPolicy.managedBy: {value} dropped: the kubetf operator runs every TrainingJob")
+    else:  # Kueue's MultiKueue has no adapter for TrainingJobs (docs/compatibility.md): nothing would run it
+        notes.append(
+            f"spec.runPolicy.managedBy: {value} not carried over: kubetf has no external controller hand-off "
+            "(MultiKueue dispatch included); the kubetf operator of the cluster you apply it to runs the job"
+        )

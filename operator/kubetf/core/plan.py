@@ -1,0 +1,93 @@
+"""What a reconcile sees (`Observed`) and what it decides (`Plan`): the two ends of the pure decision.
+
+The shell (kubetf.runtime) fills an `Observed` from its cache and the API, calls `reconcile.plan`, and carries the
+`Plan` out in a fixed order without deciding anything itself: post the events and store the status decided so far
+(when `persist_first`), mark pods for Kueue, delete, force-delete, release, create batch by batch, then store the
+final status `reconcile.after_creates` derives from what was created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubetf.core.api import Job
+from kubetf.core.kueue import Admission
+from kubetf.core.sigterm import LogRead, Watched
+
+Pod = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything a reconcile of one job reads, at one instant."""
+
+    job: Job | None  # None: deleted (or being deleted); its pods go with it
+    pods: list[Pod]
+    now: float
+    # The nodes of the job's pods that stopped reporting (NotReady, Unknown, gone): since when, as far as known.
+    lost_nodes: Mapping[str, float] = field(default_factory=dict)
+    admission: Admission | None = None  # a queued job's admission by Kueue
+    # A MultiWorkerMirrored group restart (kubetf.core.sigterm): what earlier reconciles found in the logs of the
+    # pods sent SIGTERM (by uid), and the logs read for this one (None: the log could not be read).
+    sigterm: Mapping[str, Watched] = field(default_factory=dict)
+    logs: Mapping[str, str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    job: Job  # the job with the CRD's defaults applied
+    status: dict[str, Any]
+    persist_first: bool = False  # the status holds decisions that must be stored before pods are touched
+    events: list[Event] = field(default_factory=list)
+    # Deletions: now, with `grace` (None: the pods' own grace period); on a lost node at once (no kubelet will
+    # confirm); `held` until `hold_until`, when the reconcile comes again (kubetf.core.sigterm).
+    delete: list[Pod] = field(default_factory=list)
+    grace: int | None = None
+    force_delete: list[Pod] = field(default_factory=list)
+    held: list[Pod] = field(default_factory=list)
+    hold_until: float | None = None
+    # Logs to read before this plan is final: the shell reads them and plans again (kubetf.core.sigterm).
+    read_logs: list[LogRead] = field(default_factory=list)
+    sigterm: dict[str, Watched] = field(default_factory=dict)  # what to remember for the next reconcile
+    # Creation: `trial` is dry-run first (nothing is created unless all of it would be); then the batches, each
+    # created in parallel, stopping after a batch with an error. `more_to_create`: pods left for a later turn.
+    trial: list[dict[str, Any]] = field(default_factory=list)
+    batches: list[list[dict[str, Any]]] = field(default_factory=list)
+    more_to_create: bool = False
+    # Kueue's pod groups (kubetf.core.kueue): pods marked not to be replaced, pods whose Kueue finalizer goes.
+    unretriable: list[Pod] = field(default_factory=list)
+    release: list[Pod] = field(default_factory=list)
+    requeue_at: float | None = None
+    delete_job: bool = False
+    admission: Admission | None = None
+
+    def wake_at(self, when: float | None) -> None:
+        if when is not None and (self.requeue_at is None or when < self.requeue_at):
+            self.requeue_at = when
+
+    @property
+    def queue_place(self) -> Admission | None:
+        """While the job is Queued: the admission its place in the queue is followed by (runtime.positions)."""
+        return self.admission if self.status.get("phase") == "Queued" else None
+
+    @property
+    def create(self) -> list[dict[str, Any]]:
+        """The pods this plan creates."""
+        return [o for batch in self.batches for o in batch if o["kind"] == "Pod"]
+
+
+@dataclass(frozen=True)
+class Farewell:
+    """A deleted job's plan: its pods go with it (garbage collection) unless Kueue's finalizer holds them."""
+
+    unretriable: list[Pod]
+    release: list[Pod]

@@ -1,0 +1,395 @@
+"""Every reason a user can see on a TrainingJob, with what it means and what to do about it. Pure: the standard
+library only.
+
+- `OPERATOR`: the reasons the operator writes itself, in the job's condition (`status.reason`, the REASON column of
+  `kubectl get tj -o wide`) and in the Events it posts on the job;
+- `KUBERNETES`: the scheduler's and the kubelet's own words, which become the condition's reason (and a Warning
+  event) while a pod cannot start: the first word of `kubetf.status.pending_reason`;
+- `CAUSES`: what follows `Disrupted: ` in `status.restarts.lastReason` and in a Restarting condition's message,
+  from Kubernetes, Kueue or the operator.
+
+docs/status-reasons.md shows these as tables (`python -m kubetf.core.reasons` prints them) and a unit test keeps the two
+equal; another scans the operator's source for every reason it can write and finds it here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Reason:
+    seen: str  # where it shows: the phases whose condition carries it, the Event's type
+    meaning: str
+    action: str
+
+
+WARNING_WAIT = "condition (Pending or Restarting), Warning event"
+
+OPERATOR: dict[str, Reason] = {
+    "CreatedPods": Reason(
+        "Normal event",
+        "The operator created the pods named in the message.",
+        "Nothing.",
+    ),
+    "PodsStarting": Reason(
+        "condition (Pending or Restarting), Normal event",
+        "The job's pods exist but not all of them run yet; nothing is wrong so far.",
+        "Wait. If it lasts, `kubectl describe pod` a pod that is not Running; `startupTimeoutSeconds` (600 s) ends "
+        "the wait with `StartupTimeout`.",
+    ),
+    "PodsTerminating": Reason(
+        "condition (Pending or Restarting), Normal event",
+        "Old pods of a restart are still terminating within their grace period; their replacements are created "
+        "once they are gone.",
+        "Wait: a program that saves a checkpoint on SIGTERM may use its whole `terminationGracePeriodSeconds` "
+        "(120 s unless the template sets it).",
+    ),
+    "PodStuckTerminating": Reason(
+        WARNING_WAIT,
+        "An old pod is still there 15 s past its grace period (its node is lost, its kubelet wedged, or a "
+        "finalizer holds it); the message names the pod and its node. Its replacement waits.",
+        "`kubectl get node NODE` and the pod's `metadata.finalizers`. On a lost node the operator force-deletes "
+        "the pod unless `forceDeleteOnNodeLoss: false`; force-delete it yourself only if the node is really gone.",
+    ),
+    "AllPodsRunning": Reason(
+        "condition (Running), Normal event",
+        "Every pod that has not finished runs; the message says how many are not ready yet and how many finished.",
+        "Nothing.",
+    ),
+    "Queued": Reason(
+        "condition (Queued), Normal event",
+        "Kueue has not admitted the job's pod group yet: its pods are gated and hold no quota. The message names "
+        "the LocalQueue, the ClusterQueue, the Workload, the place in the queue and Kueue's own words.",
+        "Wait, or free quota in the ClusterQueue (`kubectl get workloads -n NS`). No timeout counts while queued.",
+    ),
+    "LocalQueueNotFound": Reason(
+        "condition (Queued), Warning event",
+        "The LocalQueue named by the label `kueue.x-k8s.io/queue-name` does not exist in the job's namespace.",
+        "Create the LocalQueue or fix the label (`kubectl get localqueues -n NS`); the job goes on as soon as "
+        "the LocalQueue exists.",
+    ),
+    "KueueNotInstalled": Reason(
+        "Warning event",
+        "The job carries a queue label but the cluster serves no Kueue API: its pods run at once, without queueing.",
+        "Install Kueue, or remove the label.",
+    ),
+    "CreateRejected": Reason(
+        WARNING_WAIT,
+        "The API server refused to create a pod, the Service or the PVC for now (an exhausted ResourceQuota, Pod "
+        "Security, a LimitRange, an admission webhook or policy); the message quotes it. Retried with backoff (1 s "
+        "doubling to 5 min); `startupTimeoutSeconds` counts from the first refusal (`status.createRejectedSince`).",
+        "What the message says after `To fix:`: free quota or raise the namespace's ResourceQuota, meet the "
+        "namespace's Pod Security level, or ask the cluster's admins about the webhook or policy.",
+    ),
+    "CreateUnavailable": Reason(
+        "condition (Pending, Restarting or Queued), Warning event",
+        "The API server, or an admission webhook it calls, could not answer a create (a 5xx, a timeout, "
+        "`failed calling webhook`). Retried at most 5 s apart; the time does not count against "
+        "`startupTimeoutSeconds`.",
+        "Usually nothing: the job goes on once the API answers. If it lasts, look at the webhook the message "
+        "names (Kueue's: `kubectl -n kueue-system get pods`).",
+    ),
+    "NameInUse": Reason(
+        WARNING_WAIT,
+        "The name of the job's Service or checkpoint PVC is held by another object: a previous job's of the "
+        "same name, still being deleted, or one this job does not own. Looked at again at most 10 s apart; "
+        "`startupTimeoutSeconds` counts from the first refusal.",
+        "Wait for the previous job's objects to go; delete the object the message names if it is a leftover.",
+    ),
+    "Disrupted": Reason(
+        "condition (Restarting), Warning event",
+        "A pod was preempted, evicted or deleted, or its node shut down (`restarts.lastReason` says which, see "
+        "the causes below): restarted at once, counted in `restarts.disruptions`, never against `backoffLimit`.",
+        "Nothing: training resumes from the last checkpoint. If it repeats, find out who preempts (PriorityClass, "
+        "Kueue); `maxDisruptions` caps them.",
+    ),
+    "Failed": Reason(
+        "condition (Restarting or Failed), Warning event",
+        "The program failed: the message has the exit code and its last log line. Restarting: restarted after "
+        "`backoffSeconds` (doubling), counted in `restarts.failures`. Failed: the role's `restartPolicy` is Never.",
+        "Read the message and `kubetf logs NAME`; fix the program or its input.",
+    ),
+    "NodeLost": Reason(
+        "condition (Restarting), Warning event",
+        "A restart first counted as a failure turned out to follow a lost node (an old pod of the restart was on "
+        "a node that stopped reporting): counted as a disruption instead, with no failure backoff.",
+        "Nothing for the job; look at the node (`kubectl get node NODE`).",
+    ),
+    "Succeeded": Reason(
+        "condition (Succeeded), Normal event",
+        "The chief (or worker 0 without a chief; every chief and worker with `successPolicy: AllWorkers`) exited "
+        "0; `cleanPodPolicy` stops what still runs.",
+        "Nothing: the model is where the program saved it.",
+    ),
+    "Suspended": Reason(
+        "condition (Suspended), Normal event",
+        "`runPolicy.suspend` is true: the pods are deleted, the counters kept; time suspended does not count.",
+        "Set `runPolicy.suspend: false` to resume.",
+    ),
+    "Resumed": Reason(
+        "Normal event",
+        "`runPolicy.suspend` went back to false: the job creates its pods again.",
+        "Nothing.",
+    ),
+    "InvalidSpec": Reason(
+        "condition (Failed), Warning event",
+        "The spec passed the CRD's checks but not the operator's (`gpus` contradicts the template's limits, a "
+        "pod-level `restartPolicy`, a malformed CPU limit, two containers of one name), or the API server refused "
+        "the Service or the PVC as invalid. The job creates nothing more.",
+        "Fix the field the message names (`kubetf validate -f JOB.yaml` says it offline), then delete and "
+        "re-apply the job.",
+    ),
+    "InvalidPodTemplate": Reason(
+        "condition (Failed), Warning event",
+        "The API server's dry run refused a pod (such as `memory: 4GB`); the message names the replica and the "
+        "field. The job creates nothing more.",
+        "Fix `spec.replicaSpecs.ROLE.template`, then delete and re-apply the job.",
+    ),
+    "StartupTimeout": Reason(
+        "condition (Failed), Warning event",
+        "A pod was not running `startupTimeoutSeconds` after it could start (its creation, or the job's admission "
+        "by Kueue), or the pods could not be created for that long; the message ends with the last reason.",
+        "Fix that reason (see the Kubernetes words below), then delete and re-apply the job; raise "
+        "`startupTimeoutSeconds` if the pods just need longer.",
+    ),
+    "DeadlineExceeded": Reason(
+        "condition (Failed), Warning event",
+        "The job was active longer than `activeDeadlineSeconds` (time queued or suspended not counted).",
+        "Raise `activeDeadlineSeconds`; a job created again with the same checkpoint volume resumes from it.",
+    ),
+    "BackoffLimitExceeded": Reason(
+        "condition (Failed), Warning event",
+        "The program failed again after `backoffLimit` failure restarts.",
+        "Read the message and `kubetf logs NAME`; fix the program. Raise `backoffLimit` only for failures that "
+        "pass by themselves.",
+    ),
+    "PermanentFailure": Reason(
+        "condition (Failed), Warning event",
+        "`restartPolicy: ExitCode` and an exit code from 1 to 127: the program declared the failure permanent.",
+        "Fix the program or its input; `restartPolicy: OnFailure` if such failures can pass.",
+    ),
+    "MaxDisruptionsExceeded": Reason(
+        "condition (Failed), Warning event",
+        "A disruption beyond `runPolicy.maxDisruptions`.",
+        "Raise or unset `maxDisruptions`, or find out who keeps preempting the job.",
+    ),
+    "ForceDeleted": Reason(
+        "Warning event",
+        "A pod being deleted on a node that stopped reporting (NotReady, unreachable or gone) was force-deleted: "
+        "no kubelet would ever confirm the deletion.",
+        "Look at the node; `forceDeleteOnNodeLoss: false` makes the job wait instead.",
+    ),
+    "SigtermIgnored": Reason(
+        "Normal event",
+        "TensorFlow's MultiWorkerMirroredStrategy took a member's SIGTERM (`SIGTERM caught at`) and nothing in the "
+        "program acts on it: the rest of the group is stopped at once (1 s grace period), not after 120 s.",
+        "Nothing; to save a checkpoint on SIGTERM use `PreemptionCheckpointHandler` (trainer_image/README.md).",
+    ),
+}
+
+KUBERNETES: dict[str, Reason] = {
+    "Unschedulable": Reason(
+        WARNING_WAIT,
+        "The scheduler cannot place a pod that waited 30 s for a node (counted from the admission under Kueue): "
+        "`Insufficient nvidia.com/gpu` or cpu, no node matching its selector or tolerating its taints, a PVC "
+        "missing or unbound.",
+        "Read the message; `kubectl describe pod POD`. Ask for less, add nodes, fix the selector or tolerations, "
+        "create the PVC.",
+    ),
+    "SchedulingGated": Reason(
+        WARNING_WAIT,
+        "A pod still has a scheduling gate 30 s after it could start (not Kueue's while queued: that is `Queued`).",
+        "`kubectl get pod POD -o jsonpath='{.spec.schedulingGates}'`: find who set the gate and why it stays.",
+    ),
+    "SchedulerError": Reason(
+        WARNING_WAIT,
+        "The scheduler failed on the pod (an error of its own or of a plugin); it tries again.",
+        "Look at the scheduler's log if it lasts.",
+    ),
+    "ImagePullBackOff": Reason(
+        WARNING_WAIT,
+        "The kubelet cannot pull the image and waits between attempts (a wrong name or tag, a private registry, "
+        "no network).",
+        "Fix the image or the template's `imagePullSecrets`; `kubectl describe pod POD` shows the pull error.",
+    ),
+    "ErrImagePull": Reason(
+        WARNING_WAIT,
+        "The latest pull of the image failed.",
+        "As for `ImagePullBackOff`.",
+    ),
+    "InvalidImageName": Reason(
+        WARNING_WAIT,
+        "The image reference cannot be parsed.",
+        "Fix `image` in the template.",
+    ),
+    "ErrImageNeverPull": Reason(
+        WARNING_WAIT,
+        "`imagePullPolicy: Never` and the image is not on the node.",
+        "Load the image onto the node, or change `imagePullPolicy`.",
+    ),
+    "CreateContainerConfigError": Reason(
+        WARNING_WAIT,
+        "The container's configuration cannot be made: a missing ConfigMap or Secret (or key), a bad env reference.",
+        "Create what the message names, or fix the reference.",
+    ),
+    "CreateContainerError": Reason(
+        WARNING_WAIT,
+        "The container runtime could not create the container (a bad mount, a name conflict).",
+        "Read the message; `kubectl describe pod POD`.",
+    ),
+    "RunContainerError": Reason(
+        WARNING_WAIT,
+        "The container runtime could not start the container (such as a command the image does not have).",
+        "Fix `command`/`args` or the image.",
+    ),
+}
+
+CAUSES: dict[str, Reason] = {
+    "PodDeleted": Reason(
+        "`Disrupted: PodDeleted: ...`",
+        "Someone other than the operator deleted a pod of the running job.",
+        "Nothing; if it repeats, find who deletes pods (`kubectl get events`, the audit log).",
+    ),
+    "PreemptionByScheduler": Reason(
+        "`Disrupted: PreemptionByScheduler: ...`",
+        "The scheduler preempted the pod for a pod of higher priority.",
+        "Give the job a higher `priorityClassName`, or let it be.",
+    ),
+    "EvictionByEvictionAPI": Reason(
+        "`Disrupted: EvictionByEvictionAPI: ...`",
+        "The pod was evicted through the Eviction API (`kubectl drain`, a descheduler, an autoscaler).",
+        "Nothing.",
+    ),
+    "DeletionByTaintManager": Reason(
+        "`Disrupted: DeletionByTaintManager: ...`",
+        "Taint eviction deleted the pod: its node has a NoExecute taint it does not tolerate (not-ready or "
+        "unreachable after `nodeLossTimeoutSeconds`).",
+        "Look at the node.",
+    ),
+    "DeletionByPodGC": Reason(
+        "`Disrupted: DeletionByPodGC: ...`",
+        "The pod garbage collector deleted the pod (its Node object is gone).",
+        "Look at the node.",
+    ),
+    "TerminationByKubelet": Reason(
+        "`Disrupted: TerminationByKubelet: ...`",
+        "The kubelet stopped the pod (node-pressure eviction, node shutdown).",
+        "Look at the node's conditions.",
+    ),
+    "Evicted": Reason(
+        "`Disrupted: Evicted: ...`",
+        "The kubelet evicted the pod because its node ran short of memory or disk.",
+        "Look at the node; requests close to the real use keep the pod from going first.",
+    ),
+    "NodeShutdown": Reason(
+        "`Disrupted: NodeShutdown: ...`",
+        "The pod's node shut down (graceful node shutdown).",
+        "Nothing.",
+    ),
+    "Shutdown": Reason(
+        "`Disrupted: Shutdown: ...`",
+        "The pod's node shut down (the kubelet's older word).",
+        "Nothing.",
+    ),
+    "Terminated": Reason(
+        "`Disrupted: Terminated: ...`",
+        "The kubelet terminated the pod for its node (node shutdown).",
+        "Nothing.",
+    ),
+    "NodeLost": Reason(
+        "`Disrupted: NodeLost: ...`",
+        "The pod's node stopped reporting (its kubelet or its machine is gone).",
+        "Look at the node (`kubectl get node NODE`).",
+    ),
+    "NodeRejected": Reason(
+        "`Disrupted: NodeRejected: WORD: ...`",
+        "The kubelet refused the pod before any container ran; the next word (below) says why.",
+        "Usually the node's trouble: look at it.",
+    ),
+    "UnexpectedAdmissionError": Reason(
+        "`Disrupted: NodeRejected: UnexpectedAdmissionError: ...`",
+        "The kubelet's admission of the pod failed unexpectedly (often a device plugin).",
+        "Look at the node's device plugin.",
+    ),
+    "OutOf<resource>": Reason(
+        "`Disrupted: NodeRejected: OutOfnvidia.com/gpu: ...`",
+        "The node no longer had the resource (`OutOfcpu`, `OutOfnvidia.com/gpu`) when the kubelet admitted the "
+        "pod, such as a device plugin that lost its devices.",
+        "Look at the node's device plugin.",
+    ),
+    "NodeAffinity": Reason(
+        "`Disrupted: NodeRejected: NodeAffinity: ...`",
+        "The node's labels no longer match the pod's node affinity when the kubelet admits it.",
+        "Nothing, unless it repeats: then the node's labels.",
+    ),
+    "NodeSelectorMismatching": Reason(
+        "`Disrupted: NodeRejected: NodeSelectorMismatching: ...`",
+        "The node's labels no longer match the pod's node selector when the kubelet admits it.",
+        "Nothing, unless it repeats: then the node's labels.",
+    ),
+    "Taint": Reason(
+        "`Disrupted: NodeRejected: Taint: ...`",
+        "The node has a taint the pod does not tolerate when the kubelet admits it.",
+        "Nothing, unless it repeats: then the node's taints.",
+    ),
+    "DisruptionTarget": Reason(
+        "`Disrupted: DisruptionTarget: ...`",
+        "The pod got a `DisruptionTarget` condition without a reason.",
+        "Nothing.",
+    ),
+    "WorkloadEvicted": Reason(
+        "`Disrupted: WorkloadEvicted by Kueue: ...`",
+        "Kueue evicted the job's Workload (preempted for a higher priority, or `waitForPodsReady` timed out): the "
+        "whole job restarts once and is Queued again.",
+        "Nothing: it resumes from the checkpoint once Kueue admits it again.",
+    ),
+    "WorkloadDeleted": Reason(
+        "`Disrupted: WorkloadDeleted by Kueue: ...`",
+        "The job's Workload was deleted, and Kueue stopped its pods.",
+        "Nothing: the new pods make a new Workload.",
+    ),
+    "NoMatchingWorkload": Reason(
+        "`Disrupted: NoMatchingWorkload by Kueue: ...`",
+        "Kueue found no Workload matching the pod group and stopped its pods.",
+        "Nothing, unless it repeats: then Kueue's log.",
+    ),
+    "NotAdmitted": Reason(
+        "`Disrupted: NotAdmitted by Kueue: ...`",
+        "Kueue stopped pods that ran without an admitted Workload.",
+        "Nothing, unless it repeats: then Kueue's log.",
+    ),
+    "Stopped": Reason(
+        "`Disrupted: Stopped by Kueue: ...`",
+        "Kueue stopped the pods without naming a reason.",
+        "Nothing.",
+    ),
+}
+
+# The tables of docs/status-reasons.md, in order: (the heading above the table, its reasons).
+GROUPS: tuple[tuple[str, dict[str, Reason]], ...] = (
+    ("Reasons the operator writes", OPERATOR),
+    ("Reasons from Kubernetes: a pod that cannot start", KUBERNETES),
+    ("Causes of a disruption, in restarts.lastReason", CAUSES),
+)
+
+# Every reason a condition or an Event can carry.
+REASONS: dict[str, Reason] = OPERATOR | KUBERNETES
+
+HEADER = ("reason", "seen as", "what it means", "what to do")
+
+
+def markdown_table(reasons: dict[str, Reason]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for name, reason in reasons.items():
+        lines.append(f"| `{name}` | {reason.seen} | {reason.meaning} | {reason.action} |")
+    return "\n".join(lines)
+
+
+def markdown() -> str:
+    """The tables of docs/status-reasons.md, each under its heading."""
+    return "\n\n".join(f"## {title}\n\n{markdown_table(reasons)}" for title, reasons in GROUPS) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

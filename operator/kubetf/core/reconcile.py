@@ -1,0 +1,400 @@
+"""The reconcile decision, pure: from what a reconcile observed, everything the shell does (kubetf.core.plan).
+
+This module puts the policies in order; each lives in its own file: what ends a task and who restarts with it
+(policy), the job's timers (timers), creates the API server refuses (refusals), lost nodes (node_loss), Kueue's
+pod groups (kueue), a MultiWorkerMirrored group's SIGTERM (sigterm), and the job's state read from its pods
+(status). Restart counters and attempt numbers are decided before any pod is touched (`Plan.persist_first`), so
+a restarted operator neither loses nor double-counts a restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from kubetf.core import api, builders, kueue, node_loss, policy, refusals, sigterm, timers
+from kubetf.core import status as st
+from kubetf.core.api import Job
+from kubetf.core.config import OperatorConfig
+from kubetf.core.plan import Event, Farewell, Observed, Plan
+from kubetf.core.policy import Outcome, Termination
+from kubetf.core.refusals import Refusal
+from kubetf.core.status import COMPLETED, CREATED, WAITING, Pod, TaskView
+from kubetf.core.timers import Clock
+
+# Waits that end by themselves: an Event at most, never a Warning.
+EXPECTED_WAITS = ("PodsStarting", "PodsTerminating")
+
+
+@dataclasses.dataclass
+class _Decision:
+    """One reconcile's decision under way: the job, the status being decided and the plan it fills."""
+
+    job: Job
+    status: dict[str, Any]
+    now: float
+    plan: Plan
+    config: OperatorConfig
+    create: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    announce: bool = True  # False: the status follows what was created; its events were decided already
+
+    def transition(self, phase: str, reason: str, message: str, event_type: str = "Normal") -> None:
+        before = st.current_condition(self.status)
+        st.set_phase(self.status, phase, reason, message, self.now, self.job["metadata"].get("generation"))
+        # An event per change of phase or reason; a warning also when its message changes (a new pod is stuck).
+        if not self.announce or (before is None and event_type == "Normal"):
+            return  # a new job: the CreatedPods event says it
+        if (
+            before is None
+            or (before["type"], before.get("reason")) != (phase, reason)
+            or (event_type == "Warning" and before.get("message") != message)
+        ):
+            self.plan.events.append(Event(event_type, reason, message))
+
+    def fail(self, reason: str, message: str, pods: list[Pod]) -> None:
+        self.transition(st.FAILED, reason, message, "Warning")
+        _finish(self, pods)
+
+    @property
+    def patience(self) -> st.Patience:
+        return st.Patience(self.config.scheduling_grace, self.config.stuck_margin)
+
+
+def plan(seen: Observed, config: OperatorConfig) -> Plan:
+    """Everything to do for a job that exists (`seen.job`), in the order the shell does it (kubetf.core.plan)."""
+    assert seen.job is not None and runs_here(seen.job), "a job that does not run here has `farewell`"
+    status: dict[str, Any] = copy.deepcopy(seen.job.get("status") or {})
+    result = Plan(job=api.with_defaults(seen.job), status=status, admission=seen.admission)
+    status.setdefault("restarts", {"failures": 0, "disruptions": 0, "total": 0})
+    generation = seen.job["metadata"].get("generation")
+    if generation is not None:
+        status["observedGeneration"] = generation
+    decision = _Decision(result.job, status, seen.now, result, config)
+    stale = _decide(decision, seen)
+    _deletions(result, seen, stale, config)
+    _creations(result, decision.create, config)
+    return result
+
+
+def runs_here(job: Job | None) -> bool:
+    """The job exists, is not being deleted, and this operator runs it (not MultiKueue: spec.managedBy)."""
+    return job is not None and not job["metadata"].get("deletionTimestamp") and kueue.managed_here(job)
+
+
+def farewell(seen: Observed) -> Farewell:
+    """A job that does not run here (any more): what is left to do for its pods (kubetf.core.kueue)."""
+    return Farewell(*kueue.farewell(seen.pods, seen.lost_nodes))
+
+
+def _decide(d: _Decision, seen: Observed) -> list[Pod]:
+    """Decide the job's status and what to create; returns the old pods of a restart to delete (staged later)."""
+    phase = d.status.get("phase")
+    if phase in st.FINISHED:
+        _finished(d, seen.pods)
+        return []
+    # The API server enforced the CRD's schema and CEL rules at create time; what is left is the operator's.
+    problems = api.operator_problems(d.job)
+    if problems:
+        d.fail("InvalidSpec", "; ".join(str(p) for p in problems), seen.pods)
+        return []
+    if api.run_policy(d.job).get("suspend"):
+        _suspend(d, seen.pods)
+        return []
+    if phase == st.SUSPENDED:
+        d.plan.events.append(Event("Normal", "Resumed", "Job resumed: creating its pods"))
+    return _live(d, seen)
+
+
+def _live(d: _Decision, seen: Observed) -> list[Pod]:
+    job, status, result, pods = d.job, d.status, d.plan, seen.pods
+    phase = None if status.get("phase") == st.SUSPENDED else status.get("phase")
+    views, orphans = st.observe(job, pods)
+    result.delete += [p for p in orphans if not st.is_deleting(p)]
+    for view in views.values():
+        if view.state == WAITING and view.pod is not None:
+            view.state = CREATED  # created by an operator that stopped before it could record it
+    expired = timers.deadline_exceeded(job, status, d.now)
+    if expired:
+        d.fail("DeadlineExceeded", expired, pods)
+        return []
+    ended = policy.ended(job, views)
+    _store_tasks(status, views)
+    if policy.succeeded(job, {(v.role, v.index) for v in views.values() if v.state == COMPLETED}):
+        who = ", ".join(builders.pod_name(api.name(job), r, i) for r, i in policy.success_tasks(job))
+        d.transition(st.SUCCEEDED, "Succeeded", f"{who} exited 0")
+        _finish(d, pods)
+        return []
+    if ended:
+        if not _restart(d, views, ended):
+            _finish(d, pods)
+            return []
+        phase = st.RESTARTING
+    elif phase == st.RESTARTING and (recount := node_loss.caused_restart(views, status, seen.lost_nodes)):
+        d.transition(st.RESTARTING, "NodeLost", recount, "Warning")
+        result.persist_first = True
+    _replace(d, views, seen, phase)
+    timers.account_job(status, views, result.admission, d.now)
+    result.wake_at(timers.warnings_due(views, status, d.now, d.patience))
+    failure, due = timers.startup_timeout(job, views, status, result.admission, d.now)
+    result.wake_at(due)
+    if failure is None and d.create:
+        failure, due = refusals.create_timeout(job, status, d.now)
+        result.wake_at(due)
+    stale = [p for v in views.values() for p in v.stale if not st.is_deleting(p)]
+    if failure is not None:
+        result.delete += stale
+        d.fail("StartupTimeout", failure, pods)
+        return []
+    _derive_phase(d, views, phase)
+    result.wake_at(timers.deadline(job, status))
+    return stale
+
+
+def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: str | None) -> None:
+    """Create the tasks that have no pod. A task's replacement is created only once its old pod is gone (the name
+    is free) and no old pod of a task it restarts together with (policy.barrier) may still run; one that runs
+    nothing and is only kept for Kueue's bookkeeping (kueue.held) runs no old program."""
+    job, status = d.job, d.status
+    restart_after = st.parse_time(status.get("restartAfter"))
+    terminating = {
+        (v.role, v.index) for v in views.values() if any(not kueue.held(p, seen.lost_nodes) for p in v.stale)
+    }
+    old_workload = kueue.previous_runs_workload(d.plan.admission, seen.pods)  # its deletion (watched) brings it back
+    for view in views.values():
+        if view.state != WAITING or view.pod is not None or view.stale or old_workload:
+            continue
+        if terminating and any(task in terminating for task in policy.barrier(job, view.role, view.index)):
+            continue
+        if restart_after is not None and d.now < restart_after:
+            d.plan.wake_at(restart_after)
+            continue
+        d.create.append(builders.desired_pod(job, view.role, view.index, view.attempt))
+    if restart_after is not None and d.now >= restart_after:
+        status.pop("restartAfter", None)
+    admission = d.plan.admission
+    if d.create and admission is not None and not admission.installed and phase in (None, st.PENDING):
+        reason, message = admission.waiting(job)
+        d.plan.events.append(Event("Warning", reason, message + "; its pods run without queueing"))
+
+
+def _deletions(result: Plan, seen: Observed, stale: list[Pod], config: OperatorConfig) -> None:
+    """How the decided deletions go: forced on lost nodes (node_loss), a group restart's staged (sigterm); and
+    Kueue's bookkeeping of the pods that stay and go (kueue)."""
+    job, lost = result.job, seen.lost_nodes
+    deleting = [*result.delete, *stale]
+    through_kubelet, result.force_delete, notices = node_loss.force_deletions(job, seen.pods, deleting, lost)
+    result.events += notices
+    stale = [p for p in through_kubelet if any(p is s for s in stale)]
+    staging = sigterm.stage(job, stale, seen.pods, lost, seen.sigterm, seen.logs, seen.now, config)
+    result.delete = [p for p in through_kubelet if not any(p is s for s in stale)] + staging.delete
+    result.grace, result.held, result.hold_until = staging.grace, staging.held, staging.hold_until
+    result.read_logs, result.sigterm = staging.read, staging.memory
+    result.events += [Event("Normal", "SigtermIgnored", message) for message in staging.ignored]
+    result.wake_at(node_loss.next_look(seen.pods, lost, seen.now, config.node_check_seconds))
+    ending = result.status.get("phase") in (*st.FINISHED, st.SUSPENDED) or result.delete_job
+    workload = result.admission.workload if result.admission else None
+    going = [*result.delete, *result.held, *result.force_delete]
+    result.unretriable, result.release = kueue.bookkeeping(job, result.status, seen.pods, going, lost, ending, workload)
+
+
+def _creations(result: Plan, pods: list[dict[str, Any]], config: OperatorConfig) -> None:
+    """The PVC first, so the scheduler never reports a missing claim for a pod just created; the Service with the
+    pods' first batch; batches that double (the Job controller's slow start), at most `creates_per_reconcile`
+    pods a turn, so a 1,000-worker job does not hold a worker while other jobs wait."""
+    if not pods:
+        return
+    now_, result.more_to_create = pods[: config.creates_per_reconcile], len(pods) > config.creates_per_reconcile
+    claim, service = builders.desired_pvc(result.job), builders.desired_service(result.job)
+    objects = [service, *now_] if service is not None else now_
+    start, size = 0, config.first_batch + (service is not None)
+    result.batches = [[claim]] if claim is not None else []
+    while start < len(objects):
+        result.batches.append(objects[start : start + size])
+        start, size = start + size, size * 2
+    result.trial = refusals.trial(result.status, result.batches)
+
+
+def after_creates(
+    plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], refusal: Refusal | None, now: float,
+    config: OperatorConfig,
+) -> Plan:  # fmt: skip
+    """The plan once its creates were made: `created` pods exist beside `pods`, their tasks are Created and the
+    phase follows; a refused create (the trial's or a real one) says why (kubetf.core.refusals). None refused:
+    any wait for refused creates is over."""
+    status = copy.deepcopy(plan_.status)
+    if refusal is None:
+        status = {k: v for k, v in status.items() if k not in refusals.WAITS}
+    final = dataclasses.replace(plan_, status=status, events=list(plan_.events))
+    if created:
+        final.events.append(Event("Normal", "CreatedPods", f"Created {', '.join(_names(created))}"))
+    tasks = status.setdefault("tasks", {})
+    for pod in created:
+        found = st.pod_task(pod)
+        if found:
+            tasks[st.task_key(found[0], found[1])] = {"attempt": found[2], "state": CREATED}
+    if status.get("phase") not in (*st.FINISHED, st.SUSPENDED):
+        views, _ = st.observe(dict(final.job, status=status), [*pods, *created])
+        decision = _Decision(final.job, status, now, final, config, announce=False)
+        # Pods just created may be gated: the job waits for Kueue.
+        timers.account_job(status, views, final.admission, now)
+        _derive_phase(decision, views, status.get("phase"))
+        # Their timers too: their ADDED events carry nothing the creates did not return, so they bring no reconcile.
+        final.wake_at(timers.warnings_due(views, status, now, decision.patience))
+        final.wake_at(timers.startup_timeout(final.job, views, status, final.admission, now)[1])
+    if refusal is not None:
+        refusals.record(final, st.current_condition(plan_.status) or {}, refusal, now)
+    return final
+
+
+def _restart(d: _Decision, views: dict[str, TaskView], ended: list[tuple[TaskView, Termination]]) -> bool:
+    """Count one restart for everything that ended together and bump the attempts to replace. False: job failed.
+
+    When several tasks end at once (an MWMS peer dies and the others crash waiting for it), the disruption, if
+    any, is the cause: it is counted, the crashes are not.
+    """
+    job, status, restarts = d.job, d.status, d.status["restarts"]
+    ended.sort(key=lambda e: (e[1].outcome is not Outcome.DISRUPTED, e[1].outcome is not Outcome.PERMANENT))
+    cause_view, cause = ended[0]
+    decision = policy.decide(job, cause_view.role, cause, restarts.get("failures", 0), restarts.get("disruptions", 0))
+    name = builders.pod_name(api.name(job), cause_view.role, cause_view.index)
+    d.plan.persist_first = True
+    if not decision.restart:
+        reason, _, detail = decision.reason.partition(": ")
+        d.transition(st.FAILED, reason, f"{name}: {detail}", "Warning")
+        return False
+    disrupted = cause.outcome is Outcome.DISRUPTED
+    kind = "disruptions" if disrupted else "failures"
+    restarts[kind] = restarts.get(kind, 0) + 1
+    restarts["total"] = restarts.get("failures", 0) + restarts.get("disruptions", 0)
+    restarts["lastReason"] = f"{name} {decision.reason}"
+    restarts["lastKind"] = "Disruption" if disrupted else "Failure"
+    restarts["lastTime"] = st.format_time(d.now)
+    targets = _restart_targets(d, views, ended)
+    for role, index in targets:
+        view = views[st.task_key(role, index)]  # a finished one too: the new group needs it (restart_targets)
+        if view.pod is not None:
+            view.stale.append(view.pod)
+            view.pod = None
+        view.attempt += 1
+        view.state = WAITING
+    _store_tasks(status, views)
+    if not disrupted:
+        status["restartAfter"] = st.format_time(d.now + policy.backoff_seconds(job, restarts["failures"]))
+    restarted = ", ".join(builders.pod_name(api.name(job), r, i) for r, i in targets)
+    reason = "Disrupted" if disrupted else "Failed"
+    d.transition(st.RESTARTING, reason, f"{name} {decision.reason}; restarting {restarted}", "Warning")
+    return True
+
+
+def _restart_targets(
+    d: _Decision, views: dict[str, TaskView], ended: list[tuple[TaskView, Termination]]
+) -> list[policy.Task]:
+    """Every task restarted with one that ended (policy.restart_targets). Kueue stops the whole group at once
+    (preemption, eviction): then every task not finished restarts, and the deletions of the others, seen in later
+    reconciles, are not counted again."""
+    stopped_by_kueue = any(v.pod is not None and kueue.termination_target(v.pod) for v, _ in ended)
+    if stopped_by_kueue and d.plan.admission is not None:  # queued again at once, whatever the Workload still says
+        d.plan.admission = dataclasses.replace(d.plan.admission, stopped=True)
+    everything = [v for v in views.values() if v.state != COMPLETED] if stopped_by_kueue else []
+    targets: list[policy.Task] = []
+    for view in [v for v, _ in ended] + everything:
+        targets += [t for t in policy.restart_targets(d.job, view.role, view.index) if t not in targets]
+    return targets
+
+
+def _suspend(d: _Decision, pods: list[Pod]) -> None:
+    """Suspend deletes every pod and keeps the counters; tasks not finished start over on resume. The time it stays
+    suspended does not count (kubetf.core.timers)."""
+    job, status = d.job, d.status
+    timers.account(status, Clock.STOPPED, d.now)
+    if status.get("phase") != st.SUSPENDED:
+        views, _ = st.observe(job, pods)
+        for view in views.values():
+            if view.state != COMPLETED:
+                view.attempt += 1
+                view.state = WAITING
+        _store_tasks(status, views)
+        d.plan.persist_first = True
+    d.plan.delete += [p for p in pods if not st.is_deleting(p)]
+    status.pop("restartAfter", None)
+    _store_tasks(status, st.observe(dict(job, status=status), [])[0])  # no pod counts as active or ready
+    d.transition(st.SUSPENDED, "Suspended", "Job suspended: pods deleted, counters kept")
+
+
+def _finish(d: _Decision, pods: list[Pod]) -> None:
+    d.status.setdefault("completionTime", st.format_time(d.now))
+    timers.account(d.status, Clock.STOPPED, d.now)
+    d.status.pop("restartAfter", None)
+    d.plan.persist_first = True
+    d.create = []
+    _finished(d, pods)
+
+
+def _finished(d: _Decision, pods: list[Pod]) -> None:
+    """Stop what the cleanPodPolicy says, then wait for the TTL."""
+    clean = api.run_policy(d.job)["cleanPodPolicy"]
+    for pod in pods:
+        if st.is_deleting(pod) or clean == "None" or any(pod is p for p in d.plan.delete):
+            continue
+        if clean == "All" or not st.is_finished(pod):
+            d.plan.delete.append(pod)
+    # The counts of a finished job are those of the pods it keeps: none active once cleaned up.
+    kept = [p for p in pods if not any(p is q for q in d.plan.delete) and not st.is_deleting(p)]
+    _store_tasks(d.status, st.observe(dict(d.job, status=d.status), kept)[0])
+    due = timers.ttl_due(d.job, d.status)
+    d.plan.delete_job = due is not None and d.now >= due
+    d.plan.wake_at(due if not d.plan.delete_job else None)
+
+
+def _store_tasks(status: dict[str, Any], views: dict[str, TaskView]) -> None:
+    status["tasks"] = {key: {"attempt": v.attempt, "state": v.state} for key, v in views.items()}
+    status["replicaStatuses"] = st.replica_statuses(views)
+    status["ready"] = f"{_ready(views)}/{len(views)}"
+
+
+def _ready(views: dict[str, TaskView]) -> int:
+    return sum(1 for v in views.values() if v.pod is not None and st.is_ready(v.pod))
+
+
+def _derive_phase(d: _Decision, views: dict[str, TaskView], previous: str | None) -> None:
+    job, status, admission = d.job, d.status, d.plan.admission
+    _store_tasks(status, views)
+    running = st.all_running(views)
+    if not running and kueue.waits_for_admission(views, admission):
+        reason, message = admission.waiting(job) if admission else ("Queued", "waiting for Kueue to admit the pods")
+        d.transition(st.QUEUED, reason, message, "Normal" if reason == "Queued" else "Warning")
+        return
+    if running:
+        d.transition(st.RUNNING, "AllPodsRunning", _running_message(views))
+        return
+    started = st.parse_time(status.get("activeSince"))
+    reason, message = st.waiting_message(views, api.name(job), d.now, started, d.patience)
+    event_type = "Normal" if reason in EXPECTED_WAITS else "Warning"
+    if any(status.get(wait) for wait in refusals.WAITS):
+        return  # a refused create's condition stays until the creates go through (`after_creates`)
+    current = st.current_condition(status) or {}
+    # While a restart's old pods terminate and its new ones start, keep the restart's own reason visible until a
+    # wait needs explaining (an old pod stuck terminating, a new one unschedulable).
+    if (
+        previous == st.RESTARTING
+        and reason in EXPECTED_WAITS
+        and current.get("type") == st.RESTARTING
+        and current.get("reason") not in (*EXPECTED_WAITS, "PodStuckTerminating")
+    ):
+        return
+    d.transition(st.RESTARTING if previous == st.RESTARTING else st.PENDING, reason, message, event_type)
+
+
+def _running_message(views: dict[str, TaskView]) -> str:
+    """The same count as the READY column: pods running but not (yet) ready are said so."""
+    total = len(views)
+    done = sum(1 for v in views.values() if v.state == COMPLETED)
+    ready = _ready(views)
+    not_ready = f", {total - done - ready} not ready" if ready < total - done else ""
+    finished = f", {done} finished" if done else ""
+    return f"{total - done}/{total} pods running{not_ready}{finished}"
+
+
+def _names(objects: list[dict[str, Any]]) -> list[str]:
+    return [o["metadata"]["name"] for o in objects]

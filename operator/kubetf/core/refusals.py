@@ -1,0 +1,169 @@
+"""Creates the API server refuses: what each refusal means for the job, and what it tells the user to do.
+
+`cluster.kube` classifies the API server's answer into a `Refusal`; the decisions here turn it into the job's
+status: INVALID (wrong as written) fails the job, naming the field to fix; DENIED (quota, admission, a webhook) and
+NAME_IN_USE (a previous object of the same name) keep it waiting, with startupTimeoutSeconds counting from the
+first refusal; UNAVAILABLE (the API server or a webhook it calls cannot answer now) is retried soon and costs the
+job nothing. A new job is dry-run first (`trial`): nothing of it is created unless all of it would be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kubetf.core import api
+from kubetf.core import status as st
+from kubetf.core.api import Job
+from kubetf.core.plan import Event, Plan
+
+INVALID, DENIED, NAME_IN_USE, UNAVAILABLE = "Invalid", "Denied", "NameInUse", "Unavailable"
+REFUSED_SINCE = "createRejectedSince"  # status field: since when the job's creates have been refused
+UNAVAILABLE_SINCE = "createUnavailableSince"  # status field: since when creates have met an unavailable API
+WAITS = (REFUSED_SINCE, UNAVAILABLE_SINCE)
+# Kubernetes' quantity grammar (resource.Quantity): what the API server cannot even decode as a Pod.
+_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The API server would not create one of the job's objects, classified by cluster.kube from its answer."""
+
+    cause: str  # INVALID | DENIED | NAME_IN_USE | UNAVAILABLE
+    kind: str  # Pod | Service | PersistentVolumeClaim
+    name: str
+    message: str  # the API server's own words (for NAME_IN_USE: whose the object is)
+
+
+def trial(status: dict[str, Any], batches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """What to dry-run on the server before a Pending job creates anything (none of its tasks created: a new job,
+    or one resumed, whose templates may have changed while it was suspended): the Service, the PVC and one pod per
+    role. Pods of one role differ only in name, hostname, labels and env values, which the CRD already checked
+    (names) or cannot be invalid (strings); the last index, the longest name, stands for its role. Empty for a
+    restart: a request per role for nothing."""
+    tasks = (status.get("tasks") or {}).values()
+    objects = [o for batch in batches for o in batch]
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    if not pods or status.get("phase") != st.PENDING or any(t.get("state") != st.WAITING for t in tasks):
+        return []
+    last = {pod["metadata"]["labels"][api.LABEL_ROLE]: pod for pod in pods}
+    return [*(o for o in objects if o["kind"] != "Pod"), *last.values()]
+
+
+def after_dry_run(plan: Plan, refusal: Refusal | None) -> Plan:
+    """A refused trial creates nothing (`after_creates` then says why)."""
+    return plan if refusal is None else dataclasses.replace(plan, batches=[], more_to_create=False)
+
+
+def record(plan: Plan, before: dict[str, Any], refusal: Refusal, now: float) -> None:
+    """What a refused create means for the plan's status (once the other creates are counted), with a Warning
+    event when the condition changes from `before`."""
+    job, status = plan.job, plan.status
+    generation = job["metadata"].get("generation")
+    if refusal.cause == INVALID:
+        reason = "InvalidPodTemplate" if refusal.kind == "Pod" else "InvalidSpec"
+        message = _invalid_message(job, refusal)
+        st.set_phase(status, st.FAILED, reason, message, now, generation)
+        status.setdefault("completionTime", st.format_time(now))
+        for key in ("restartAfter", REFUSED_SINCE):
+            status.pop(key, None)
+        plan.events.append(Event("Warning", reason, message))
+        return
+    if refusal.cause == UNAVAILABLE:
+        phase = st.RESTARTING if status.get("phase") == st.RESTARTING else st.PENDING
+        phase = st.QUEUED if status.get("phase") == st.QUEUED else phase
+        st.set_phase(status, phase, "CreateUnavailable", _unavailable_message(refusal), now, generation)
+        status.setdefault(UNAVAILABLE_SINCE, st.format_time(now))
+    else:
+        phase = st.RESTARTING if status.get("phase") == st.RESTARTING else st.PENDING
+        reason = refusal.cause if refusal.cause == NAME_IN_USE else "CreateRejected"
+        st.set_phase(status, phase, reason, _waiting_message(job, refusal), now, generation)
+        since = status.setdefault(REFUSED_SINCE, st.format_time(now))
+        timeout = api.run_policy(job).get("startupTimeoutSeconds")
+        plan.wake_at((st.parse_time(since) or now) + timeout if timeout else None)
+    after = st.current_condition(status) or {}
+    if [before.get(k) for k in ("type", "reason", "message")] != [after.get(k) for k in ("type", "reason", "message")]:
+        plan.events.append(Event("Warning", after["reason"], after["message"]))
+
+
+def create_timeout(job: Job, status: dict[str, Any], now: float) -> tuple[str | None, float | None]:
+    """startupTimeoutSeconds also covers pods that could not even be created (refused since REFUSED_SINCE): the
+    failure's message once it passed, else when it will."""
+    timeout = api.run_policy(job).get("startupTimeoutSeconds")
+    since = st.parse_time(status.get(REFUSED_SINCE))
+    if not timeout or since is None:
+        return None, None
+    if now < since + timeout:
+        return None, since + timeout
+    why = (st.current_condition(status) or {}).get("message", "")
+    return f"pods could not be created for startupTimeoutSeconds={timeout}: {why}", None
+
+
+def _unavailable_message(refusal: Refusal) -> str:
+    return (
+        f"{refusal.kind} {refusal.name} could not be created: {refusal.message}. The API server, or an admission "
+        "webhook it calls, is not answering; retrying until it does (this time does not count against "
+        "startupTimeoutSeconds)"
+    )
+
+
+def _role_of(job: Job, pod_name_: str) -> str:
+    return pod_name_[len(api.name(job)) + 1 :].rpartition("-")[0]
+
+
+def _invalid_message(job: Job, refusal: Refusal) -> str:
+    if refusal.kind != "Pod":
+        where = "spec.checkpoint" if refusal.kind == "PersistentVolumeClaim" else "the job's spec"
+        return (
+            f"the API server refused {refusal.kind} {refusal.name}: {refusal.message}. "
+            f"Fix {where}, then delete and re-apply the job"
+        )
+    role = _role_of(job, refusal.name)
+    template = f"spec.replicaSpecs.{role}.template"
+    fields = ""
+    if "quantities" in refusal.message:  # a decoding error: the API server names no field, so find them
+        pod_spec = (job["spec"]["replicaSpecs"].get(role) or {}).get("template", {}).get("spec") or {}
+        bad = _bad_quantities(pod_spec, f"{template}.spec")
+        fields = f" (invalid quantities: {', '.join(bad)})" if bad else ""
+    return (
+        f"replica {role}: the API server refused pod {refusal.name}: {refusal.message}{fields}. "
+        f"Fix {template}, then delete and re-apply the job"
+    )
+
+
+def _bad_quantities(pod_spec: dict[str, Any], prefix: str) -> list[str]:
+    bad = []
+    for key in ("initContainers", "containers"):
+        for i, container in enumerate(pod_spec.get(key) or []):
+            resources = container.get("resources") or {}
+            for kind in ("limits", "requests"):
+                for resource, value in (resources.get(kind) or {}).items():
+                    if not _QUANTITY.match(str(value)):
+                        bad.append(f"{prefix}.{key}[{i}].resources.{kind}.{resource}={value!r}")
+    return bad
+
+
+_ADVICE = (
+    ("exceeded quota", "free quota or raise the namespace's ResourceQuota"),
+    ("PodSecurity", "make the template meet the namespace's Pod Security level"),
+    ("admission webhook", "the webhook named above refused it: change the template or ask the cluster's admins"),
+    ("denied request", "the admission policy named above refused it: change the template or ask the cluster's admins"),
+)
+
+
+def _waiting_message(job: Job, refusal: Refusal) -> str:
+    timeout = api.run_policy(job).get("startupTimeoutSeconds")
+    limit = f"; the job fails if its pods cannot be created within startupTimeoutSeconds={timeout}" if timeout else ""
+    if refusal.cause == NAME_IN_USE:
+        return f"waiting to create {refusal.kind} {refusal.name}: {refusal.message}; created once it is gone{limit}"
+    if refusal.kind == "Pod":
+        what = f"pod {refusal.name} (replica {_role_of(job, refusal.name)})"
+    else:
+        what = f"{refusal.kind} {refusal.name}"
+    advice = next(
+        (a for marker, a in _ADVICE if marker in refusal.message),
+        "check the namespace's quotas, LimitRanges and admission policies",
+    )
+    return f"{what} could not be created: {refusal.message}. To fix: {advice}. Retrying with backoff{limit}"

@@ -1,0 +1,374 @@
+"""The reconcile shell: watch events in, one reconcile per job at a time, each a plan carried out.
+
+Reads come from the cache the watches fill (`cache.Store`), completed by `Observer`; the decision is pure
+(`core.reconcile.plan`); `Executor` carries it out. A job whose own creates or deletes the watch has not shown yet
+waits for them (`workqueue.Expectations`). Reconciles are ordered by urgency: a pod that ended goes before new
+jobs' creations, which go before safety resyncs.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubetf.cluster import metrics
+from kubetf.cluster.cache import Key, Store
+from kubetf.cluster.kube import is_transient
+from kubetf.cluster.kube_api import KubeApi, NotLeader, Refused
+from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
+from kubetf.core import api, reconcile, refusals
+from kubetf.core.config import OperatorConfig
+from kubetf.core.plan import Plan
+from kubetf.runtime import positions
+from kubetf.runtime.executor import NORMAL, URGENT, Executor
+from kubetf.runtime.observer import Observer
+from kubetf.runtime.positions import QueuePositions
+
+log = logging.getLogger("kubetf.operator")
+
+RESYNC = positions.RESYNC  # nothing changed but a job's place in its queue (URGENT and NORMAL: runtime.executor)
+
+
+class Controller:
+    def __init__(self, kube: KubeApi, config: OperatorConfig, clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.config, self.clock = kube, config, clock
+        self.store = Store(config.tombstone_seconds)
+        metrics.CACHED_PODS.set_function(lambda: self.store.cached_pods)
+        self.queue: WorkQueue[Key] = WorkQueue(config.error_backoff_first, config.error_backoff_cap, clock)
+        self.expectations: Expectations[Key] = Expectations(config.expectations_timeout, clock)
+        self.lock = threading.Lock()
+        self.positions = QueuePositions(kube, self.store, self.queue, config, clock)
+        self.observer = Observer(kube, self.store, self.positions, config, clock)
+        self.executor = Executor(kube, self.store, self.queue, self.expectations, self.positions, config)
+        self.threads: list[threading.Thread] = []
+        # Leadership (cluster.leader): a reconcile whose writes were refused for want of the lease is kept here, with
+        # its priority, and run again once the lease is held (`leadership`).
+        self.leading = True
+        self.refused: dict[Key, int] = {}
+        self.audit_on_list = False  # set once the re-list after the start is done: later kopf lists are re-lists
+        self.refreshing = threading.Lock()  # one re-list at a time
+        self.stopping = threading.Event()
+        self.auditing = False
+        self.audit_again = False  # a re-list came during an audit that may have listed before it
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self, serving: threading.Event | None = None) -> None:
+        """Prime the cache, start the workers (then `serving` is set), then re-list everything once the watches run
+        and every `resync_seconds` after that (call on a thread)."""
+        delay = 1.0
+        while True:
+            try:
+                self.prime()
+                break
+            except Exception:
+                log.exception("listing the jobs and pods failed; retrying in %.0fs", delay)
+                time.sleep(delay)
+                delay = min(2 * delay, 30.0)
+        self.start()
+        if serving is not None:
+            serving.set()
+        threading.Thread(target=self._resync_loop, name="kubetf-resync", daemon=True).start()
+
+    def _resync_loop(self) -> None:
+        """The first re-list comes once the watches run (a deletion between the priming list and the start of a
+        watch is acted on then), the next ones every resync_seconds (with jitter): a missed watch event costs no
+        more than that, and no job is polled on its own."""
+        delay = self.config.audit_after_start
+        while not self.stopping.wait(delay):
+            self._refresh()
+            self.audit_on_list = True
+            jitter = random.uniform(-self.config.resync_jitter, self.config.resync_jitter)
+            delay = self.config.resync_seconds * (1 + jitter)
+
+    def _refresh(self) -> None:
+        try:
+            self.refresh()
+        except Exception:  # the watches and the next re-list remain
+            log.exception("re-listing jobs, pods and Workloads failed")
+
+    def _listed(self) -> None:
+        """kopf listed again: its watch could not resume (a restarted API server has none of the old versions),
+        and a list shows no deletions, so a pod deleted meanwhile would stay cached. Re-list once more: a list
+        taken after kopf's shows them, and kopf's watch goes on from its own list."""
+        with self.lock:
+            if not self.audit_on_list:
+                return
+            if self.auditing:
+                self.audit_again = True
+                return
+            self.auditing = True
+        threading.Thread(target=self._refresh_until_done, name="kubetf-refresh", daemon=True).start()
+
+    def _refresh_until_done(self) -> None:
+        while True:
+            self._refresh()
+            with self.lock:
+                if not self.audit_again:
+                    self.auditing = False
+                    return
+                self.audit_again = False
+
+    def prime(self) -> None:
+        """Fill the cache with paged lists of jobs, the operator's pods and Kueue's LocalQueues and Workloads before
+        any reconcile, so that no job is ever judged on a partial view (a restarted operator would see its pods
+        'vanished', a queued job's Workload missing and its admission lost)."""
+        started = time.monotonic()
+        scopes, serves = self.config.list_scopes(), self._serves
+        for job in self.kube.list_paged(api.PLURAL, scopes):
+            if serves(job):
+                self.store.put_job(job)
+        for pod in self.kube.list_paged("pods", scopes, api.MANAGED_PODS_SELECTOR):
+            key = _pod_job(pod)
+            if key is not None and serves(pod):
+                self.store.put_pod(key, pod)
+        for namespace in scopes:
+            for items, _ in self.kube.workload_pages(namespace):
+                for workload in filter(serves, items):
+                    self.store.put_workload(workload)
+            for items, _ in self.kube.local_queue_pages(namespace):
+                for queue in filter(serves, items):
+                    self.store.put_local_queue(queue)
+        self.requeue_all()
+        for key in self.store.pod_jobs():  # pods of a job deleted while no operator ran: Kueue's finalizer
+            if self.store.job(key) is None:
+                self.queue.add(key, NORMAL)
+        log.info("cache primed in %.1fs: %d jobs, %d pods", time.monotonic() - started, self.store.job_count(),
+                 self.store.pod_count())  # fmt: skip
+
+    def refresh(self) -> None:
+        """Compare the cache with fresh paged lists of the jobs, their pods and their groups' Workloads: what a
+        watch missed (a deletion during a watch gap, an event lost) is stored, and its job reconciled now."""
+        with self.refreshing:
+            for namespace in self.config.list_scopes():
+                self._refresh_jobs(namespace)
+                self._refresh_pods(namespace)
+                self._refresh_workloads(namespace)
+
+    def _refresh_jobs(self, namespace: str) -> None:
+        listed: set[Key] = set()
+        version = 0
+        for items, list_version in self.kube.pages(api.PLURAL, namespace):
+            version = list_version
+            for job in filter(self._serves, items):
+                key = (api.namespace(job), api.name(job))
+                listed.add(key)
+                if self.store.put_job(job):
+                    self.queue.add(key, NORMAL)
+        for key in self.store.prune_jobs(namespace, listed, version):
+            log.warning("%s/%s: deleted while the watch was away", *key)
+            self.executor.record_phase(key, None)
+            self.queue.add(key, NORMAL)  # its pods may still need Kueue's finalizer released
+
+    def _refresh_pods(self, namespace: str) -> None:
+        # Each page goes into the cache as it comes, newer versions only; what is kept to the end is the names
+        # (holding 50,000 pods' slim copies instead cost a restarted operator about 100 MB at once).
+        listed: dict[Key, set[str]] = {
+            key: set() for key in self.store.pod_jobs() if not namespace or key[0] == namespace
+        }
+        changed: set[Key] = set()
+        version = 0
+        for items, list_version in self.kube.pages("pods", namespace, api.MANAGED_PODS_SELECTOR):
+            version = list_version
+            for pod in items:
+                key = _pod_job(pod)
+                if key is not None and self._serves(pod):
+                    listed.setdefault(key, set()).add(pod["metadata"]["name"])
+                    if self.store.put_pod(key, pod):
+                        changed.add(key)
+        for key, names in listed.items():
+            if self.store.prune_pods(key, names, version) or key in changed:
+                log.warning("%s/%s: the watch had missed changes of its pods; acting on a fresh list", *key)
+                self.expectations.forget(key)
+                self.queue.add(key, URGENT)
+
+    def _refresh_workloads(self, namespace: str) -> None:
+        listed: set[Key] = set()
+        version = 0
+        for items, list_version in self.kube.workload_pages(namespace):
+            version = list_version
+            for workload in filter(self._serves, items):
+                meta = workload.get("metadata") or {}
+                listed.add((meta.get("namespace") or "", meta.get("name") or ""))
+                key = self.store.put_workload(workload)
+                if key is not None:
+                    self.queue.add(key, URGENT)
+        if version:  # listed (Kueue is installed)
+            for key in self.store.prune_workloads(namespace, listed, version):
+                self.queue.add(key, URGENT)
+
+    def _serves(self, obj: Mapping[str, Any]) -> bool:
+        return self.config.serves((obj.get("metadata") or {}).get("namespace") or "")
+
+    def requeue_all(self) -> None:
+        """Reconcile every job again."""
+        for key in self.store.job_keys():
+            self.queue.add(key, NORMAL)
+
+    def leadership(self, held: bool) -> None:
+        """The election's word (called on its thread): the lease was lost, or is held again. Held again, every job is
+        reconciled from a fresh read (events meanwhile may not have been acted on, the watches may have missed
+        some), the decisions refused meanwhile first."""
+        with self.lock:
+            self.leading = held
+        if held:
+            threading.Thread(target=self._regained, name="kubetf-regained", daemon=True).start()
+
+    def _regained(self) -> None:
+        self._refresh()
+        with self.lock:
+            refused, self.refused = self.refused, {}
+        for key, priority in refused.items():
+            self.queue.add(key, priority)
+        self.requeue_all()
+        if refused:
+            log.info("holding the lease again: %d decisions refused meanwhile run again", len(refused))
+
+    def start(self) -> None:
+        for i in range(self.config.workers):
+            thread = threading.Thread(target=self._work, name=f"kubetf-reconcile-{i}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        self.positions.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.positions.stop()
+        self.queue.shutdown()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                key, priority = self.queue.get()
+            except ShutDown:
+                return
+            metrics.QUEUE_DEPTH.set(len(self.queue))
+            try:
+                self.reconcile(key, priority)
+                self.queue.forget(key)
+            except NotLeader as error:
+                self._refused_for_want_of_the_lease(key, priority, error)
+            except Refused as error:  # the job's status and a Warning event say it: no traceback
+                cap = {
+                    refusals.NAME_IN_USE: self.config.name_in_use_recheck,
+                    refusals.UNAVAILABLE: self.config.transient_retry_cap,
+                }.get(error.refusal.cause)
+                delay = self.queue.retry(key, priority, cap)
+                log.warning("%s/%s: could not create %s; retrying in %.0fs", *key, error, delay)
+            except Exception as error:
+                metrics.RECONCILE_ERRORS.inc()
+                if is_transient(error):  # the API server restarting, overloaded: back soon, and so is the job
+                    delay = self.queue.retry(key, priority, self.config.transient_retry_cap)
+                    log.warning("reconcile of %s/%s failed (%s); retrying in %.0fs", *key, _one_line(error), delay)
+                else:
+                    delay = self.queue.retry(key, priority)
+                    log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
+            finally:
+                self.queue.done(key)
+
+    def _refused_for_want_of_the_lease(self, key: Key, priority: int, error: NotLeader) -> None:
+        """Keep the decision for when the lease is held again (`leadership`); if it is held already (the election
+        saw it back while this reconcile ran), run it again now."""
+        with self.lock:
+            if not self.leading:
+                self.refused[key] = min(priority, self.refused.get(key, priority))
+                log.debug("%s/%s: %s; kept until the lease is held again", *key, error)
+                return
+        self.queue.at(self.clock() + self.config.retry_period, key, priority)
+
+    # ------------------------------------------------------------------ watch events (called on kopf's loop: no I/O)
+
+    def job_event(self, type_: str | None, job: Mapping[str, Any]) -> None:
+        key = (api.namespace(dict(job)), api.name(dict(job)))
+        if type_ is None:  # kopf's type for an object it listed rather than watched
+            self._listed()
+        if type_ == "DELETED":
+            self.store.remove_job(key, (job.get("metadata") or {}).get("uid", ""))
+            self.expectations.forget(key)
+            self.executor.record_phase(key, None)
+            return
+        if self.store.put_job(dict(job)):  # the echo of the operator's own status write changes nothing
+            self.queue.add(key, NORMAL)
+
+    def pod_event(self, type_: str | None, pod: Mapping[str, Any]) -> None:
+        key = _pod_job(pod)
+        if key is None:
+            return
+        if type_ is None:  # kopf's type for an object it listed rather than watched
+            self._listed()
+        meta = pod.get("metadata") or {}
+        deleted = type_ == "DELETED"
+        gone = deleted or bool(meta.get("deletionTimestamp"))
+        # The cache first: a reconcile the expectations let through must find what they waited for.
+        if deleted:
+            changed = self.store.remove_pod(key, meta.get("name", ""), meta.get("uid", ""))
+        else:
+            changed = self.store.put_pod(key, pod)
+        if changed:
+            phase = (pod.get("status") or {}).get("phase")
+            self.queue.add(key, URGENT if gone or phase in ("Succeeded", "Failed") else NORMAL)
+        deferred = self.expectations.observe(key, meta.get("name", ""), meta.get("uid", ""), gone)
+        if deferred is not None:
+            self.queue.add(key, deferred)
+
+    def workload_event(self, type_: str | None, workload: Mapping[str, Any]) -> None:
+        """A Workload changed: its job is reconciled when what the decisions read of it changed (admitted, evicted,
+        finished, a new pod among its owners)."""
+        meta = workload.get("metadata") or {}
+        if type_ is None:  # kopf's type for an object it listed rather than watched
+            self._listed()
+        if type_ == "DELETED":
+            key = self.store.remove_workload(meta.get("namespace") or "", meta.get("name") or "")
+        else:
+            key = self.store.put_workload(workload)
+        if key is not None:
+            self.queue.add(key, URGENT)
+
+    def local_queue_event(self, type_: str | None, queue: Mapping[str, Any]) -> None:
+        """A LocalQueue appeared, went or changed its ClusterQueue: the jobs labelled with it are reconciled."""
+        meta = queue.get("metadata") or {}
+        namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+        if type_ == "DELETED":
+            changed = self.store.remove_local_queue(namespace, name)
+        else:
+            changed = self.store.put_local_queue(queue)
+        if changed:
+            self.observer.forget_local_queue(namespace, name)
+            for key in self.store.jobs_of_queue(namespace, name):
+                self.queue.add(key, NORMAL)
+
+    # ------------------------------------------------------------------ reconcile
+
+    def reconcile(self, key: Key, priority: int = NORMAL) -> Plan | None:
+        """Reconcile one job from the cache. Returns the plan it carried out, None when there was nothing to decide
+        (its own writes not shown by the watch yet, or the job does not run here)."""
+        started = time.monotonic()
+        waiting_until = self.expectations.defer(key, priority)
+        if waiting_until is not None:
+            self.queue.at(waiting_until, key, NORMAL)  # a lost watch event must not stall the job
+            return None
+        seen = self.observer.observe(key, self.executor.sigterm.get(key, {}))
+        if not reconcile.runs_here(seen.job):
+            self.executor.farewell(key, reconcile.farewell(seen))
+            return None
+        plan = reconcile.plan(seen, self.config)
+        if plan.read_logs:  # a group restart waits on what its first member's log says (core.sigterm)
+            seen = self.observer.with_logs(seen, plan.read_logs)
+            plan = reconcile.plan(seen, self.config)
+        final = self.executor.carry_out(key, seen, plan)
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        return final
+
+
+def _one_line(error: BaseException) -> str:
+    return str(getattr(error, "reason", None) or error).splitlines()[0][:300]
+
+
+def _pod_job(pod: Mapping[str, Any]) -> Key | None:
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(api.LABEL_JOB)
+    return (meta.get("namespace") or "default", job) if job else None

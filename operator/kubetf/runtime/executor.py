@@ -1,0 +1,176 @@
+"""Carries a plan out (kubetf.core.plan), in its fixed order, deciding nothing: every choice is in the plan.
+
+Events go out before the status write that records their decision (a crash repeats an event, never loses one).
+Its own creates and deletes are recorded as expectations (cluster.workqueue), so no reconcile acts on a cache that
+has not seen them; created pods go into the cache at once, so their ADDED events bring no reconcile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from kubetf.cluster import metrics
+from kubetf.cluster.cache import Key, Store
+from kubetf.cluster.kube_api import Creation, KubeApi, Refused
+from kubetf.cluster.workqueue import Expectations, WorkQueue
+from kubetf.core import reconcile, refusals
+from kubetf.core import status as st
+from kubetf.core.config import OperatorConfig
+from kubetf.core.plan import Event, Farewell, Observed, Plan
+from kubetf.core.sigterm import Watched
+from kubetf.runtime.positions import QueuePositions
+
+log = logging.getLogger("kubetf.operator")
+
+# Priorities: lower runs first.
+URGENT = 0  # a pod ended, vanished or is being taken away, Kueue admitted or evicted: a restart is due
+NORMAL = 1  # a new or changed job, a pod that started, a timer
+
+
+class Executor:
+    def __init__(
+        self,
+        kube: KubeApi,
+        store: Store,
+        queue: WorkQueue[Key],
+        expectations: Expectations[Key],
+        positions: QueuePositions,
+        config: OperatorConfig,
+    ) -> None:
+        self.kube, self.store, self.queue, self.expectations = kube, store, queue, expectations
+        self.positions, self.config = positions, config
+        self.lock = threading.Lock()
+        self.phases: dict[Key, str] = {}
+        self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
+
+    def carry_out(self, key: Key, seen: Observed, plan: Plan) -> Plan:
+        """Do what `plan` says; returns the final plan (after its creates). Raises what stopped it: an API error
+        (retried with the job's backoff), a refused create (its job's status says it, then retried)."""
+        job: dict[str, Any] = seen.job or {}
+        original = job.get("status") or {}
+        trial_refusal = self.kube.dry_run(plan.trial, job["metadata"]["uid"]) if plan.trial else None
+        plan = refusals.after_dry_run(plan, trial_refusal)
+        stored, posted = original, 0
+        if plan.persist_first and plan.status != stored:
+            posted = self._post(job, plan.events, posted)
+            job = self._write_status(job, stored, plan.status)
+            stored = plan.status
+        self._delete(key, plan)
+        creation = self._create(key, plan)
+        refusal = creation.refusal or trial_refusal
+        final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config)
+        self._post(job, final.events, posted)
+        if final.status != stored:
+            self._write_status(job, stored, final.status)
+        self._remember(key, job, original, final)
+        self._schedule(key, final)
+        if creation.error is not None:
+            raise creation.error  # what was created is recorded; the rest is retried with this job's backoff
+        if final.delete_job:
+            log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
+            self.kube.delete_job(*key, job["metadata"]["uid"])
+        if refusal is not None and refusal.cause != refusals.INVALID:
+            raise Refused(refusal)  # recorded and reported; retried with this job's backoff
+        return final
+
+    def farewell(self, key: Key, plan: Farewell) -> None:
+        """A job that does not run here (any more): forget it, and let Kueue finish its pods' group."""
+        self.record_phase(key, None)
+        self.positions.track(key, None, None)
+        with self.lock:
+            self.sigterm.pop(key, None)
+        self._for_kueue(key, plan.unretriable, plan.release)
+
+    def record_phase(self, key: Key, phase: str | None) -> None:
+        """Keep the jobs-by-phase gauge current by moving this job between phases (no scan of every job)."""
+        with self.lock:
+            before = self.phases.pop(key, None) if phase is None else self.phases.get(key)
+            if before == phase:
+                return
+            if phase is not None:
+                self.phases[key] = phase
+        if phase is not None:
+            metrics.JOBS.labels(phase=phase).inc()
+        if before is not None:
+            metrics.JOBS.labels(phase=before).dec()
+
+    # ------------------------------------------------------------------ steps
+
+    def _delete(self, key: Key, plan: Plan) -> None:
+        # Pods are marked before they are deleted: Kueue must never take the group's end for a lost pod.
+        self._for_kueue(key, plan.unretriable, [])
+        self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in plan.delete])
+        for pod in plan.delete:  # a deletion the watch showed before the expectation was set
+            name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+            if not self.store.still_there(key, name, uid):
+                self.expectations.observe(key, name, uid, gone=True)
+        for pod in self.kube.delete_pods(plan.delete, grace_seconds=plan.grace):  # gone: no DELETED event may come
+            name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+            self.store.remove_pod(key, name, uid)
+            self.expectations.observe(key, name, uid, gone=True)
+        for pod in self.kube.delete_pods(plan.force_delete, grace_seconds=0):
+            self.store.remove_pod(key, pod["metadata"]["name"], pod["metadata"]["uid"])
+        self._for_kueue(key, [], plan.release)  # their DELETED events bring the job back for the replacements
+
+    def _for_kueue(self, key: Key, unretriable: list[dict[str, Any]], release: list[dict[str, Any]]) -> None:
+        if unretriable:
+            log.info("%s/%s: %s marked not to be replaced (Kueue)", *key, ", ".join(_names(unretriable)))
+            self.kube.mark_unretriable(unretriable)
+        if release:
+            log.info("%s/%s: releasing %s from Kueue's finalizer", *key, ", ".join(_names(release)))
+            self.kube.release_pods(release)
+
+    def _create(self, key: Key, plan: Plan) -> Creation:
+        self.expectations.expect(key, creations=_names(plan.create))
+        creation = self.kube.create_batches(plan.batches)
+        self.expectations.cancel_creations(key, creation.skipped)
+        for pod in creation.created:
+            if pod.get("kind") == "Pod":
+                self.store.put_pod(key, pod)  # its ADDED event then brings nothing new: no reconcile for it
+        creation.created = [o for o in creation.created if o.get("kind") == "Pod"]
+        return creation
+
+    def _post(self, job: dict[str, Any], events: list[Event], start: int) -> int:
+        """Post `events[start:]`; returns how many are posted."""
+        for event in events[start:]:
+            self.kube.event(job, event.type, event.reason, event.message)
+        return len(events)
+
+    def _write_status(self, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        updated = self.kube.patch_job_status(job, st.merge_patch(stored, status))
+        if updated is None:
+            return job
+        self.store.put_job(updated)  # newer than the watch's copy: its echo is then ignored
+        return updated
+
+    def _remember(self, key: Key, job: dict[str, Any], original: dict[str, Any], final: Plan) -> None:
+        _count_restarts(original, final.status)
+        self.record_phase(key, final.status.get("phase"))
+        self.positions.track(key, job, final.queue_place)
+        with self.lock:
+            if final.sigterm:
+                self.sigterm[key] = final.sigterm
+            else:
+                self.sigterm.pop(key, None)
+
+    def _schedule(self, key: Key, final: Plan) -> None:
+        if final.hold_until is not None:
+            self.queue.at(final.hold_until, key, URGENT)
+        if final.more_to_create:
+            self.queue.add(key, NORMAL)  # to the back of the line: other jobs' creations go in between
+        if final.requeue_at is not None:
+            self.queue.at(final.requeue_at, key, NORMAL)
+
+
+def _names(objects: list[dict[str, Any]]) -> list[str]:
+    return [o["metadata"]["name"] for o in objects]
+
+
+def _count_restarts(original: dict[str, Any], final: dict[str, Any]) -> None:
+    before, after = original.get("restarts") or {}, final.get("restarts") or {}
+    for kind, field in (("failure", "failures"), ("disruption", "disruptions")):
+        delta = after.get(field, 0) - before.get(field, 0)
+        if delta > 0:
+            metrics.RESTARTS.labels(kind=kind).inc(delta)

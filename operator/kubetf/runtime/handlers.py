@@ -1,0 +1,81 @@
+"""kopf wiring, and nothing else: watch events of TrainingJobs, of the operator's pods and of Kueue's LocalQueues and
+Workloads go to the controller.
+
+The handlers are async and do no I/O (the controller only updates its cache and queue), so kopf's event loop is
+never blocked; reconciles run on the controller's own threads. The pod watch is filtered by the API server
+(kopf's label selectors): the operator neither receives nor keeps the cluster's other pods. Kueue puts no label of
+ours on a pod group's Workload, so the Workload watch takes them all and the cache keeps only pod groups'. Without
+Kueue in the cluster kopf watches neither of its kinds, and starts when their CRDs appear.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from kubernetes import client
+
+from kubetf.cluster.kube import PAGE_SIZE
+from kubetf.core import api, kueue
+from kubetf.runtime.controller import Controller
+
+
+def settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.posting.level = logging.WARNING
+    settings.watching.label_selectors["v1", "pods"] = api.MANAGED_PODS_SELECTOR
+    settings.watching.chunk_size = PAGE_SIZE
+    # kopf keeps one task per object, holding its last event, until it has idled this long (default 5 s): at a
+    # restart it lists every pod within seconds, and 10,000 pods' events alive at once cost about 85 MiB.
+    settings.queueing.idle_timeout = 0.5
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 30
+    # kopf retries a failed request, a watch's too, after 1, 1, 2, 3, 5, 8, 13, 21 s: a watch broken by an API
+    # server restart would come back up to 21 s after the server. Every second instead, for as long in all.
+    settings.networking.error_backoffs = [1.0] * 54
+    return settings
+
+
+def registry(controller: Controller) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        """The credentials `kube.load_config` loaded (in-cluster, or --kubeconfig): kopf's watches and the
+        operator's own client always talk to the same cluster as the same user."""
+        config = client.Configuration.get_default_copy()
+        header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+        scheme, _space, token = str(header or "").rpartition(" ")
+        return kopf.ConnectionInfo(
+            server=config.host,
+            ca_path=config.ssl_ca_cert,
+            insecure=not config.verify_ssl,
+            username=config.username or None,
+            password=config.password or None,
+            scheme=scheme or None,
+            token=token or None,
+            certificate_path=config.cert_file,
+            private_key_path=config.key_file,
+            trust_env=settings.networking.trust_env,
+        )
+
+    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
+    async def job_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.job_event(event["type"], event["object"])
+
+    @kopf.on.event("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGER}, registry=registry)
+    async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.pod_event(event["type"], event["object"])
+
+    @kopf.on.event(kueue.GROUP, kueue.VERSION, "workloads", registry=registry)
+    async def workload_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.workload_event(event["type"], event["object"])
+
+    @kopf.on.event(kueue.GROUP, kueue.VERSION, "localqueues", registry=registry)
+    async def local_queue_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.local_queue_event(event["type"], event["object"])
+
+    return registry

@@ -1,0 +1,123 @@
+"""What a reconcile reads (kubetf.core.plan.Observed): the job and its pods from the cache the watches fill, and
+from the API what no watch holds: the nodes of pods that may be lost, a LocalQueue not shown yet, and the logs a
+MultiWorkerMirrored group restart asks for (kubetf.core.sigterm). Reads shared by every job (a node, a LocalQueue)
+serve a few seconds (OperatorConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubetf.cluster.cache import Key, Store
+from kubetf.cluster.kube_api import KubeApi
+from kubetf.core import api, kueue, node_loss
+from kubetf.core import status as st
+from kubetf.core.config import OperatorConfig
+from kubetf.core.plan import Observed
+from kubetf.core.sigterm import LogRead, Watched
+from kubetf.runtime.positions import QueuePositions
+
+log = logging.getLogger("kubetf.operator")
+
+
+class Observer:
+    def __init__(
+        self,
+        kube: KubeApi,
+        store: Store,
+        positions: QueuePositions,
+        config: OperatorConfig,
+        clock: Callable[[], float],
+    ) -> None:
+        self.kube, self.store, self.positions, self.config, self.clock = kube, store, positions, config, clock
+        self.lock = threading.Lock()
+        self.node_states: dict[str, tuple[float, float | None]] = {}  # node -> (read at, lost since or None)
+        # A LocalQueue the watch has not shown, read from the API: (namespace, name) -> (read at, Kueue installed,
+        # its ClusterQueue or None)
+        self.local_queue_reads: dict[tuple[str, str], tuple[float, bool, str | None]] = {}
+
+    def observe(self, key: Key, sigterm: Mapping[str, Watched]) -> Observed:
+        job, pods, now = self.store.job(key), self.store.job_pods(key), self.clock()
+        return Observed(job, pods, now, self._lost_nodes(pods, now), self._admission(job, now), sigterm)
+
+    def with_logs(self, seen: Observed, reads: list[LogRead]) -> Observed:
+        """`seen` with the logs read (None: unreadable, and said so in the operator's log)."""
+        logs: dict[str, str | None] = dict(seen.logs)
+        for read in reads:
+            meta = read.pod["metadata"]
+            try:
+                text = self.kube.pod_log_tail(read.pod, read.container, read.since_seconds, read.limit_bytes)
+                logs[meta["uid"]] = text
+            except Exception as error:  # no log (RBAC, a kubelet not answering): no later check can do better
+                log.warning("could not read the log of %s (%s): its group keeps its grace period", meta["name"], error)
+                logs[meta["uid"]] = None
+        return dataclasses.replace(seen, logs=logs)
+
+    def forget_local_queue(self, namespace: str, name: str) -> None:
+        """The watch showed the LocalQueue: what was read of it is outdated."""
+        with self.lock:
+            self.local_queue_reads.pop((namespace, name), None)
+
+    def _admission(self, job: dict[str, Any] | None, now: float) -> kueue.Admission | None:
+        """What Kueue says of a queued job that has not ended: its LocalQueue and its group's Workload (watched),
+        and its place in the ClusterQueue (kubetf.runtime.positions)."""
+        queue = kueue.queue_name(job) if job is not None else None
+        if job is None or queue is None or api.run_policy(job).get("suspend") or _finished(job):
+            return None
+        namespace, group = api.namespace(job), kueue.group_name(job)
+        cluster_queue = self.store.local_queue(namespace, queue)
+        installed = True
+        if cluster_queue is None:
+            installed, cluster_queue = self._read_local_queue(namespace, queue, now)
+        if not installed or cluster_queue is None:
+            return kueue.Admission(queue, cluster_queue, installed)
+        workload = self.store.workload(namespace, group)
+        position = self.positions.position(namespace, group)
+        return kueue.Admission(queue, cluster_queue, installed, workload, position)
+
+    def _read_local_queue(self, namespace: str, name: str, now: float) -> tuple[bool, str | None]:
+        """A LocalQueue the watch has not shown: read from the API (its absence, or Kueue's, serves a few seconds)."""
+        with self.lock:
+            read_at, installed, cluster_queue = self.local_queue_reads.get((namespace, name), (-math.inf, True, None))
+        if now - read_at >= self.config.local_queue_recheck:
+            installed, cluster_queue = self.kube.local_queue(namespace, name)
+            with self.lock:
+                self.local_queue_reads[(namespace, name)] = (now, installed, cluster_queue)
+        return installed, cluster_queue
+
+    def _lost_nodes(self, pods: list[dict[str, Any]], now: float) -> dict[str, float]:
+        """The nodes of pods being deleted or not ready that stopped reporting (NotReady, Unknown, gone), and since
+        when (kubetf.core.node_loss)."""
+        nodes = {
+            node
+            for pod in pods
+            if (node := (pod.get("spec") or {}).get("nodeName"))
+            and (st.is_deleting(pod) or ((pod.get("status") or {}).get("phase") == "Running" and not st.is_ready(pod)))
+        }
+        lost = {}
+        for node in nodes:
+            with self.lock:
+                read_at, since = self.node_states.get(node, (-math.inf, None))
+            if now - read_at >= self.config.node_state_seconds:
+                since = self._read_node(node, now)
+                with self.lock:
+                    self.node_states[node] = (now, since)
+            if since is not None:
+                lost[node] = since
+        return lost
+
+    def _read_node(self, node: str, now: float) -> float | None:
+        try:
+            found = self.kube.get_node(node)
+        except Exception:  # no node access (RBAC), or the API is down: never force on a guess
+            log.warning("could not read node %s; treating it as reachable", node, exc_info=True)
+            return None
+        return node_loss.lost_since(found, now, self.config.node_monitor_grace + self.config.node_monitor_period)
+
+
+def _finished(job: dict[str, Any]) -> bool:
+    return (job.get("status") or {}).get("phase") in st.FINISHED

@@ -1,0 +1,137 @@
+"""`kubetf operator`: health and metrics endpoints, leader election, then the cache, the controller and kopf.
+
+A standby (every replica but the leader) only takes part in the election: it watches nothing and writes nothing.
+Once it holds the lease it lists the jobs and pods, starts reconciling and starts kopf's watches. A leader that
+cannot renew its lease stops writing at once (its watches and cache go on); when it holds the lease again it
+reconciles every job from a fresh read, the decisions its lost lease refused first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from kubetf.cluster.kube import Kube
+from kubetf.cluster.leader import LeaderElector
+from kubetf.core.config import DEFAULT_LEASE_NAMESPACE, OperatorConfig
+from kubetf.runtime import handlers
+from kubetf.runtime.controller import Controller
+
+log = logging.getLogger("kubetf.operator")
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def where_it_runs(config: OperatorConfig) -> OperatorConfig:
+    """Fill what depends on where the operator runs: its identity and, in a pod, the lease's namespace."""
+    identity = config.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    namespace = config.lease_namespace
+    if namespace == DEFAULT_LEASE_NAMESPACE and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as handle:
+            namespace = handle.read().strip() or namespace
+    return dataclasses.replace(config, identity=identity, lease_namespace=namespace)
+
+
+def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_format: str = "json") -> int:
+    config = where_it_runs(config)
+    kopf.configure(log_format=kopf.LogFormat[log_format.upper()], verbose=config.verbose)
+    # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.verbose else logging.WARNING)
+    if metrics_port:
+        start_http_server(metrics_port)
+    elector = None
+    if config.leader_election:
+        lease_client = Kube(qps=5, burst=10, timeout=(2, config.renew_deadline), instance=config.identity)
+        elector = LeaderElector(lease_client, config)
+    serving = threading.Event()  # set once the leader's cache is primed and its workers run
+    if liveness_port:
+        _serve_health(
+            liveness_port,
+            lambda: elector is None or elector.alive(),
+            lambda: _role(elector, serving),
+        )
+    where = ", ".join(config.namespaces) or "all namespaces"
+    if elector is not None:
+        log.info("kubetf operator %s: standby until it holds lease %s/%s (serving %s)",
+                 config.identity, config.lease_namespace, config.lease_name, where)  # fmt: skip
+        if not _wait_for_leadership(elector):
+            return 0
+    else:
+        log.info("kubetf operator %s serving %s (no leader election)", config.identity, where)
+    kube = Kube(
+        config.qps, config.burst, config.api_timeout, may_write=elector.is_leader if elector else None,
+        instance=config.identity, log_timeout=config.log_timeout,
+    )  # fmt: skip
+    controller = Controller(kube, config)
+    if elector is not None:
+        elector.on_change = controller.leadership
+    threading.Thread(target=controller.run, args=(serving,), name="kubetf-start", daemon=True).start()
+    try:
+        kopf.run(
+            registry=handlers.registry(controller),
+            settings=handlers.settings(),
+            standalone=True,
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+        )
+    finally:
+        controller.stop()
+        if elector is not None:
+            elector.stop(release=True)
+    return 0
+
+
+def _role(elector: LeaderElector | None, serving: threading.Event) -> str:
+    """What /healthz says: standby, starting (the lease held, the cache being primed) or leader (acting)."""
+    if elector is not None and not elector.is_leader():
+        return "standby"
+    return "leader" if serving.is_set() else "starting"
+
+
+def _wait_for_leadership(elector: LeaderElector) -> bool:
+    """Run the election in the background; block until elected (True) or told to stop (False)."""
+    elector.start()
+    stopped = threading.Event()
+
+    def stop(signum: int, _frame: Any) -> None:
+        stopped.set()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not elector.elected.wait(0.2):
+            if stopped.is_set():
+                elector.stop(release=False)
+                return False
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return True
+
+
+def _serve_health(port: int, healthy: Callable[[], bool], role: Callable[[], str]) -> None:
+    """/healthz: 200 while the election loop runs (a standby is healthy too); the body says which one it is."""
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path == "/healthz" and healthy()
+            self.send_response(200 if ok else (500 if self.path == "/healthz" else 404))
+            self.end_headers()
+            self.wfile.write(f"ok {role()}\n".encode() if ok else b"unhealthy\n")
+
+        def log_message(self, *_: Any) -> None:
+            pass  # a probe every few seconds is not worth a log line
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Health)
+    threading.Thread(target=server.serve_forever, name="kubetf-healthz", daemon=True).start()

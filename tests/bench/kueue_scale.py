@@ -1,0 +1,381 @@
+"""Kueue at scale on kwok's fake nodes, with the real Kueue: prints numbers, asserts nothing.
+
+    python -m tests.bench.kueue_scale [--queued 5000] [--admit 1000] [--chain 100]
+    make bench-kueue-scale ARGS="--queued 500 --admit 100 --chain 20"
+
+Jobs of 1 chief + 4 workers (MultiWorkerMirrored, 10m CPU a pod) in one LocalQueue of a ClusterQueue that Kueue
+manages; their pods go to the fake nodes once admitted. In order:
+
+1. --queued jobs created while the ClusterQueue has no quota: every one Queued, its 5 pods gated, its Workload
+   made by Kueue. Then, for --window seconds while they wait: the operator's API calls per second (all of them,
+   and without its leader election's Lease renewals), its CPU and RSS;
+2. quota for --admit of them: from each one's admission (its Workload's Admitted condition) to its 5 pods Running,
+   p50/p99, and the time until all are Running;
+3. a priority chain in a ClusterQueue of quota for one job: --chain jobs, each of a higher WorkloadPriorityClass than
+   the last, each preempting the one before; then the running one ends, again and again: Kueue must admit the
+   rest in priority order (an inversion is a job admitted before a queued one of higher priority), each preempted
+   job counted as one disruption.
+
+The operator runs out of cluster as a subprocess with /metrics on (tests/bench/scale.py Process), alone: an installed
+one is scaled to zero meanwhile. Uses $KUBECONFIG, else brings the local cluster up; installs Kueue and adds fake
+nodes as needed. Namespaces, queues and priority classes are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import math
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kubetf.core import api, kueue
+from kubetf.core import status as st
+from tests.bench.scale import (
+    PODS_PER_FAKE_NODE,
+    Process,
+    RawWatch,
+    create_namespace,
+    fmt_ms,
+    out,
+    parallel,
+)
+from tests.cluster import kwok
+from tests.cluster.fixture import ensure_cluster
+from tests.cluster.queues import FLAVOR, make_flavor
+from tests.integration.conftest import Cluster, _installed_operators, pod_template, replica
+
+PODS_PER_JOB = 5
+CPU_PER_POD = 10  # millicores
+GROUP, VERSION = kueue.GROUP, kueue.VERSION
+
+
+def template() -> dict:
+    spec = pod_template()["spec"]
+    del spec["schedulerName"]  # the real scheduler places them, on fake nodes
+    spec["containers"][0]["resources"] = {"requests": {"cpu": f"{CPU_PER_POD}m"}}
+    return {"spec": kwok.on_fake_nodes(spec)}
+
+
+def job_spec() -> dict:
+    return {
+        "strategy": "MultiWorkerMirrored",
+        "replicaSpecs": {
+            "chief": {**replica(1), "template": template()},
+            "worker": {**replica(4), "template": template()},
+        },
+        "runPolicy": {"startupTimeoutSeconds": 7200},
+    }
+
+
+def cluster_queue(cluster: Cluster, name: str, jobs: int, preempt: bool = False) -> None:
+    """A ClusterQueue with CPU quota for `jobs` jobs (patched if it exists)."""
+    quota = f"{jobs * PODS_PER_JOB * CPU_PER_POD}m"
+    spec: dict[str, Any] = {
+        "namespaceSelector": {},
+        "resourceGroups": [
+            {
+                "coveredResources": ["cpu"],
+                "flavors": [{"name": FLAVOR, "resources": [{"name": "cpu", "nominalQuota": quota}]}],
+            }
+        ],
+    }
+    if preempt:
+        spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+    try:
+        cluster.custom.create_cluster_custom_object(GROUP, VERSION, "clusterqueues", body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        cluster.custom.patch_cluster_custom_object(GROUP, VERSION, "clusterqueues", name, {"spec": spec})
+
+
+def local_queue(cluster: Cluster, namespace: str, name: str, cq: str) -> None:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "LocalQueue",
+        "metadata": {"name": name},
+        "spec": {"clusterQueue": cq},
+    }
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "localqueues", body)
+
+
+class Jobs:
+    """What the benchmark knows of its namespace, from watches: jobs' phases and restarts, pods by job (gated,
+    phase), Workloads' admission times."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.phases: dict[str, str] = {}
+        self.restarts: dict[str, dict] = {}
+        self.pods: dict[str, dict[str, tuple[str, bool, str]]] = {}  # job -> pod -> (attempt, gated, phase)
+        self.workloads: dict[str, dict] = {}  # Workload name -> its status
+        self.admitted_seen: dict[str, float] = {}  # job -> when the benchmark saw its pods ungated (first time)
+        self.running_seen: dict[str, float] = {}  # job -> when all 5 of its live pods were Running (first time)
+
+    def on_job(self, kind: str, job: dict) -> None:
+        with self.lock:
+            name = job["metadata"]["name"]
+            status = job.get("status") or {}
+            self.phases[name] = "" if kind == "DELETED" else status.get("phase", "")
+            self.restarts[name] = status.get("restarts") or {}
+
+    def on_pod(self, kind: str, pod: dict) -> None:
+        meta = pod["metadata"]
+        job = (meta.get("labels") or {}).get(api.LABEL_JOB)
+        if job is None:
+            return
+        now = time.monotonic()
+        with self.lock:
+            pods = self.pods.setdefault(job, {})
+            if kind == "DELETED" or meta.get("deletionTimestamp"):
+                pods.pop(meta["name"], None)
+            else:
+                attempt = meta["labels"].get(api.LABEL_ATTEMPT, "")
+                pods[meta["name"]] = (attempt, kueue.is_gated(pod), (pod.get("status") or {}).get("phase", ""))
+            live = list(pods.values())
+            if len(live) == PODS_PER_JOB and not any(g for _, g, _ in live):
+                self.admitted_seen.setdefault(job, now)
+                if all(p == "Running" for _, _, p in live):
+                    self.running_seen.setdefault(job, now)
+
+    def on_workload(self, kind: str, workload: dict) -> None:
+        with self.lock:
+            self.workloads[workload["metadata"]["name"]] = workload.get("status") or {}
+
+    def count(self, predicate) -> int:
+        with self.lock:
+            return sum(1 for name in list(self.phases) if predicate(name))
+
+    def queued(self, name: str) -> bool:
+        pods = self.pods.get(name, {})
+        return self.phases.get(name) == "Queued" and len(pods) == PODS_PER_JOB and all(g for _, g, _ in pods.values())
+
+    def admitted_at(self, workload: str) -> float | None:
+        """The wall-clock time of the Workload's Admitted condition."""
+        for condition in (self.workloads.get(workload) or {}).get("conditions") or []:
+            if condition.get("type") == "Admitted" and condition.get("status") == "True":
+                return st.parse_time(condition.get("lastTransitionTime"))
+        return None
+
+
+def wait(check, timeout: float, what: str, every: float = 60.0) -> None:
+    start = time.monotonic()
+    report = start + every
+    while not check():
+        now = time.monotonic()
+        if now > start + timeout:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        if now > report:
+            report += every
+            out(f"  ... {now - start:.0f}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def api_rate(process: Process, seconds: float) -> tuple[float, float, Counter]:
+    """API calls per second over `seconds`: all, and without the Lease renewals; the top calls."""
+    before_all, before = process.all_api_calls(), process.api_calls()
+    time.sleep(seconds)
+    after_all, after = process.all_api_calls(), process.api_calls()
+    total = sum((after_all - before_all).values()) / seconds
+    without_lease = sum((after - before).values()) / seconds
+    return total, without_lease, after - before
+
+
+def queued_phase(cluster: Cluster, process: Process, state: Jobs, namespace: str, count: int, window: float) -> None:
+    names = [f"q-{i}" for i in range(count)]
+    start = time.monotonic()
+    cpu = process.cpu()
+    parallel(lambda n: cluster.create_job(namespace, n, job_spec(), labels={kueue.QUEUE_LABEL: "bench"}), names)
+    created = time.monotonic()
+    out(f"{count} jobs created in {created - start:.0f}s ({count / (created - start):.1f}/s)")
+    wait(lambda: state.count(state.queued) == count, 3600, f"{count} jobs Queued with 5 gated pods each")
+    with state.lock:
+        groups = {w for w in state.workloads}
+    out(
+        f"all {count} Queued, 5 gated pods each, {time.monotonic() - start:.0f}s after the first create; "
+        f"Workloads seen: {len(groups)}; operator CPU {(process.cpu() - cpu) * 1000 / count:.1f} ms per job"
+    )
+    time.sleep(30)  # the creation's tail: Kueue's own updates of the Workloads settle
+    cpu = process.cpu()
+    total, ours, top = api_rate(process, window)
+    used = process.cpu() - cpu
+    common = ", ".join(f"{verb} {resource} {n / window:.2f}/s" for (verb, resource), n in top.most_common(5))
+    out(
+        f"while {count} jobs wait ({window:.0f}s): {total:.2f} API calls/s in all, {ours:.2f}/s without the "
+        f"Lease renewals ({common or 'none'}); CPU {used / window * 100:.1f}% of a core; RSS {process.rss():.0f} MiB"
+    )
+
+
+def admit_phase(cluster: Cluster, state: Jobs, cq: str, count: int, admitted: int) -> None:
+    cluster_queue(cluster, cq, admitted)
+    raised = time.time()
+    start = time.monotonic()
+    wait(lambda: len(state.running_seen) >= admitted, 3600, f"{admitted} jobs' pods Running")
+    took = time.monotonic() - start
+    with state.lock:
+        spans = []
+        for job, seen_running in state.running_seen.items():
+            workload = next((w for w in state.workloads if w.startswith(f"{job}-")), None)
+            admitted_wall = state.admitted_at(workload) if workload else None
+            if admitted_wall is not None:
+                # The Workload's condition is wall time (1 s resolution), the benchmark's own times monotonic.
+                spans.append(max(0.0, (seen_running - start) + raised - admitted_wall))
+    out(
+        f"quota raised for {admitted} of {count}: all {admitted} Running in {took:.0f}s; admission -> 5 pods Running "
+        f"{fmt_ms(spans)}"
+    )
+
+
+def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> None:
+    """Each job preempts the one before; then the running one ends, again and again."""
+    classes = [f"kubetf-bench-chain-{i}" for i in range(length)]
+    for i, name in enumerate(classes):
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": name},
+            "value": 1000 + i,
+        }
+        try:
+            cluster.custom.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+    order: list[int] = []
+    start = time.monotonic()
+    for i in range(length):
+        labels = {kueue.QUEUE_LABEL: "chain", kueue.PRIORITY_LABEL: classes[i]}
+        cluster.create_job(namespace, f"c-{i}", job_spec(), labels=labels)
+        wait(lambda i=i: f"c-{i}" in state.running_seen, 600, f"c-{i} running (preempting c-{i - 1})")
+    out(f"chain of {length}: each job preempted the one before, {time.monotonic() - start:.0f}s")
+    remaining = set(range(length))
+    running = length - 1
+    start = time.monotonic()
+    while remaining:
+        order.append(running)
+        remaining.discard(running)
+        chief = cluster.live_pods(namespace, f"c-{running}")[f"c-{running}-chief-0"]
+        cluster.core.patch_namespaced_pod(
+            chief["metadata"]["name"], namespace, {"metadata": {"annotations": {kwok.EXIT_CODE: "0"}}}
+        )
+        wait(lambda r=running: state.phases.get(f"c-{r}") == "Succeeded", 600, f"c-{running} Succeeded")
+        if not remaining:
+            break
+
+        def next_running() -> int | None:
+            with state.lock:
+                for j in remaining:
+                    pods = state.pods.get(f"c-{j}", {})
+                    if len(pods) == PODS_PER_JOB and all(p == "Running" for _, _, p in pods.values()):
+                        return j
+            return None
+
+        wait(lambda: next_running() is not None, 600, "the next job of the chain running")
+        running = next_running()  # type: ignore[assignment]
+    inversions = sum(1 for a, b in itertools.pairwise(order) if b > a)
+    with state.lock:
+        disruptions = Counter(state.restarts.get(f"c-{i}", {}).get("disruptions", 0) for i in range(length))
+    out(
+        f"chain unwound in {time.monotonic() - start:.0f}s: admission order "
+        f"{'descending' if inversions == 0 else 'NOT descending'} "
+        f"({inversions} inversions); disruptions per job {dict(sorted(disruptions.items()))} (each but the last "
+        f"preempted once: {{0: 1, 1: {length - 1}}} expected)"
+    )
+
+
+def _gone(cluster: Cluster, namespace: str) -> bool:
+    try:
+        cluster.core.read_namespace(namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return True
+        raise
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queued", type=int, default=5000, help="jobs queued at once (default 5000)")
+    parser.add_argument("--admit", type=int, default=1000, help="of them, admitted by raising the quota (default 1000)")
+    parser.add_argument("--chain", type=int, default=100, help="jobs in the priority chain (default 100)")
+    parser.add_argument("--window", type=float, default=120, help="seconds measured while the jobs wait")
+    args = parser.parse_args()
+    args.admit = min(args.admit, args.queued)
+
+    kube = ensure_cluster()
+    kube.install_kueue()
+    cluster = Cluster(kube.kubeconfig)
+    cluster.install_crd()
+    make_flavor(cluster)
+    pods = PODS_PER_JOB * (args.admit + 1)
+    nodes = max(4, math.ceil(pods * 1.2 / PODS_PER_FAKE_NODE))
+    kwok.ensure_fake_nodes(kube.kubeconfig, cluster.core, nodes)
+    out(f"{nodes} fake nodes Ready for {pods} pods; Kueue installed")
+    apps = client.AppsV1Api(cluster.api_client)
+    paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
+    for namespace_, name, _ in paused:
+        apps.patch_namespaced_deployment_scale(name, namespace_, {"spec": {"replicas": 0}})
+
+    suffix = uuid.uuid4().hex[:6]
+    namespace, cq, chain_cq = f"kueue-scale-{suffix}", f"bench-{suffix}", f"bench-chain-{suffix}"
+    process = Process(kube.kubeconfig, Path(tempfile.mkdtemp(prefix="kubetf-bench-kueue-scale-")))
+    state = Jobs()
+    watches: list[RawWatch] = []
+    try:
+        create_namespace(cluster, namespace)
+        cluster_queue(cluster, cq, 0)
+        cluster_queue(cluster, chain_cq, 1, preempt=True)
+        local_queue(cluster, namespace, "bench", cq)
+        local_queue(cluster, namespace, "chain", chain_cq)
+        process.start()
+        watches = [
+            RawWatch(functools.partial(cluster.core.list_namespaced_pod, namespace), state.on_pod),
+            RawWatch(
+                functools.partial(
+                    cluster.custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL
+                ),
+                state.on_job,
+            ),
+            RawWatch(
+                functools.partial(cluster.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "workloads"),
+                state.on_workload,
+            ),
+        ]
+        time.sleep(5)
+        out(f"operator RSS idle: {process.rss():.0f} MiB")
+        queued_phase(cluster, process, state, namespace, args.queued, args.window)
+        admit_phase(cluster, state, cq, args.queued, args.admit)
+        if args.chain:
+            cluster_queue(cluster, cq, 0)  # the rest stay queued; the chain has its own ClusterQueue
+            chain_phase(cluster, namespace, state, args.chain)
+        out(f"operator RSS at the end: {process.rss():.0f} MiB")
+    finally:
+        for watch in watches:
+            watch.stopped = True
+        try:  # while the operator runs: it lets Kueue's finalizer go from the deleted jobs' pods
+            cluster.core.delete_namespace(namespace)
+            wait(lambda: _gone(cluster, namespace), 900, f"namespace {namespace} deleted")
+        except (ApiException, TimeoutError) as error:
+            out(f"namespace {namespace} not deleted: {error}")
+        process.stop()
+        for name in (cq, chain_cq):
+            with contextlib.suppress(ApiException):
+                cluster.custom.delete_cluster_custom_object(GROUP, VERSION, "clusterqueues", name)
+        for namespace_, name, replicas in paused:
+            apps.patch_namespaced_deployment_scale(name, namespace_, {"spec": {"replicas": replicas}})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""When a node stopped reporting, read from its Node object (kubetf.core.node_loss.lost_since)."""
+
+import pytest
+
+from kubetf.cluster.cache import Store
+from kubetf.core import node_loss
+from kubetf.core import status as st
+from kubetf.core.config import DEFAULTS
+from kubetf.runtime.observer import Observer
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000.0
+SILENCE = DEFAULTS.node_monitor_grace + DEFAULTS.node_monitor_period
+
+
+def node(status: str | None, changed: float | None = None) -> dict:
+    if status is None:
+        return {"status": {"conditions": []}}
+    return {"status": {"conditions": [{"type": "Ready", "status": status,
+                                       "lastTransitionTime": st.format_time(changed or NOW)}]}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "found, since",
+    [
+        (node("True", NOW - 100), None),  # reporting
+        (node("False", NOW - 7), NOW - 7),  # its kubelet said NotReady: that is when
+        (node("Unknown", NOW - 7), NOW - 7 - SILENCE),  # its last heartbeat was up to grace + one check before
+        (node(None), NOW),  # no Ready condition yet: nothing earlier may be blamed on it
+        (None, NOW),  # deleted outright: when it went is not known
+    ],
+)
+def test_since_when_a_node_stopped_reporting(found, since):
+    assert node_loss.lost_since(found, NOW, SILENCE) == since
+
+
+def test_a_node_that_stopped_just_after_a_heartbeat_is_blamed_for_a_failure_right_after_it():
+    """The e2e case: the heartbeat, the node stops, its pods' peers fail at once; the node controller marks it
+    Unknown the grace period later, at its next check (up to one period later still)."""
+    heartbeat = NOW
+    failure = heartbeat + 1
+    marked = heartbeat + DEFAULTS.node_monitor_grace + DEFAULTS.node_monitor_period
+
+    class Nodes:
+        def get_node(self, name):
+            return node("Unknown", marked)
+
+    observer = Observer(Nodes(), Store(tombstone_seconds=1), None, DEFAULTS, clock=lambda: marked + 3)  # type: ignore[arg-type]
+    since = observer._read_node("spot-1", marked + 3)
+    assert since is not None and since <= failure
