@@ -371,6 +371,31 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         float,
         "the cluster's kube-controller-manager --node-monitor-grace-period: how long before Unknown a node went silent",
     ),
+    ("--progress-port", "progress_port", int, "serve the training pods' progress reports here (0: off)"),
+    (
+        "--progress-url",
+        "progress_url",
+        str,
+        "the URL training pods report their progress to (the chart sets its Service's; empty: pods report nothing)",
+    ),
+    (
+        "--progress-write-seconds",
+        "progress_write_seconds",
+        float,
+        "write a job's status.progress at most this often (its first and final report at once)",
+    ),
+    (
+        "--progress-writes-per-second",
+        "progress_writes_per_second",
+        float,
+        "status.progress writes per second for all jobs together",
+    ),
+    (
+        "--progress-stall-seconds",
+        "progress_stall_seconds",
+        float,
+        "a running job whose step has not moved this long is TrainingStalled",
+    ),
     (
         "--node-monitor-period",
         "node_monitor_period",

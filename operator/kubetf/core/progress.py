@@ -18,9 +18,11 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubetf.core.plan import Event, Plan
 from kubetf.core.status import format_time, parse_time
 
 MAX_BODY = 16 * 1024
@@ -516,3 +518,90 @@ def curve(history: list[dict[str, Any]], metric: str, width: int = 60, height: i
     gap = max(1, width - len(left) - len(right))
     lines.append(" " * (pad_width + 2) + left + " " * gap + right + f" {axis}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- who reports: the endpoint's identity rules
+
+AUDIENCE = "kubetf.io/progress"  # the projected token's audience: good for this endpoint and nothing else
+TOKEN_PATH = "/var/run/secrets/kubetf.io/progress"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+
+
+@dataclass(frozen=True)
+class Reporter:
+    """The pod a token is bound to, from a TokenReview the API server answered authenticated."""
+
+    namespace: str
+    pod: str
+    uid: str
+
+
+def reporter(review_status: dict[str, Any]) -> Reporter | None:
+    """The pod a reviewed token was issued for; None when the token is not authenticated, or not bound to a pod
+    (a service account's long-lived token would let any holder report for any job of its namespace)."""
+    if not review_status.get("authenticated"):
+        return None
+    user = review_status.get("user") or {}
+    parts = str(user.get("username") or "").split(":")
+    extra = user.get("extra") or {}
+    pod, uid = (extra.get(POD_NAME_EXTRA) or [None])[0], (extra.get(POD_UID_EXTRA) or [None])[0]
+    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"] or not pod or not uid:
+        return None
+    return Reporter(parts[2], pod, uid)
+
+
+def task_of(pod_name: str, roles: Iterable[str]) -> tuple[str, str, int] | None:
+    """(job, role, index) that a pod name `{job}-{role}-{index}` can stand for, for each role the operator knows;
+    the caller checks the candidates against its own pods (the uid decides)."""
+    for role in roles:
+        match = re.fullmatch(rf"(.+)-{role}-(\d+)", pod_name)
+        if match:
+            return match.group(1), role, int(match.group(2))
+    return None
+
+
+def coordinator(job: dict[str, Any], role: str, index: int) -> bool:
+    """The task whose reports are the job's training progress: the chief, else worker 0."""
+    chief = ((job.get("spec") or {}).get("replicaSpecs") or {}).get("chief") or {}
+    if chief.get("replicas", 0) > 0:
+        return role == "chief"
+    return role == "worker" and index == 0
+
+
+# ---------------------------------------------------------------------- the job's training health, in its status
+
+UNHEALTHY = "TrainingUnhealthy"  # a condition beside the phases: True with a reason while health() finds one
+HEALTH_REASONS = ("LossNotFinite", "TrainingStalled")
+
+
+def judge_training(plan: Plan, now: float, stall_seconds: float) -> None:
+    """Set or clear the TrainingUnhealthy condition of the planned status from its `progress`, with a Warning event
+    for what newly went wrong and a wake-up when a stall falls due. Only a running job is judged: a queued,
+    restarting or finished job is not training, and its condition is cleared."""
+    status = plan.status
+    running = status.get("phase") == "Running"
+    found = health(status.get("progress"), now, stall_seconds) if running else []
+    conditions = [dict(c) for c in status.get("conditions") or []]
+    current = next((c for c in conditions if c.get("type") == UNHEALTHY), None)
+    events: list[tuple[str, str]] = []
+    if found:
+        reason, message = found[0][0], "; ".join(m for _, m in found)
+        if current is None or current.get("status") != "True" or current.get("reason") != reason:
+            events = [(r, m) for r, m in found if current is None or current.get("reason") != r]
+        if current is None:
+            current = {"type": UNHEALTHY}
+            conditions.append(current)
+        if current.get("status") != "True":
+            current["lastTransitionTime"] = format_time(now)
+        current.update(status="True", reason=reason, message=message)
+    elif current is not None and current.get("status") == "True":
+        current.update(
+            status="False", reason="Healthy", message="training advances", lastTransitionTime=format_time(now)
+        )
+    if conditions:
+        status["conditions"] = conditions
+    plan.events += [Event("Warning", reason, message) for reason, message in events]
+    since = _time((status.get("progress") or {}).get("lastProgressTime")) if running else None
+    if since is not None and since + stall_seconds >= now:
+        plan.wake_at(since + stall_seconds + 1)
