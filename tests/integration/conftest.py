@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -326,6 +327,7 @@ class Operator:
         self.flags = flags  # () for the operator's defaults, as installed (every namespace, the default Lease)
         self.process: subprocess.Popen | None = None
         self.port = 0
+        self.progress_port = 0  # where it takes training pods' progress reports
 
     def start(self, leader: bool = True) -> None:
         """Start it; wait until it serves /healthz and, with `leader`, until it holds the lease."""
@@ -341,7 +343,7 @@ class Operator:
         except ApiException as error:
             if error.status != 409:
                 raise
-        self.port = free_port()
+        self.port, self.progress_port = free_port(), free_port()
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
@@ -357,12 +359,26 @@ class Operator:
                 str(self.metrics_port),
                 "--log-format",
                 "full",
+                "--progress-port",
+                str(self.progress_port),
                 *self.flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+    def report(self, token: str | None, body: bytes) -> tuple[int, str]:
+        """POST a progress report as a training pod does: (HTTP status, body)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.progress_port}/v1/progress", data=body, method="POST",
+            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
 
     def role(self) -> str:
         """ "ok leader", "ok starting" (leader, cache being primed), "ok standby", or "" while it does not answer."""

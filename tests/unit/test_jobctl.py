@@ -37,3 +37,54 @@ def test_progress_lines_read_through_the_logs_prefix():
     record = jobctl.progress_line('worker-1 | {"kubetf": "done", "role": "worker"}')
     assert record == {"kubetf": "done", "role": "worker"}
     assert jobctl.progress_line('{"kubetf-like": 1}') is None
+
+
+class Jobs:
+    """The two reads `kubetf status` makes, from a list of job documents served one per call."""
+
+    def __init__(self, *documents):
+        self.documents = list(documents)
+
+    def get_job(self, namespace, name):
+        return self.documents.pop(0) if len(self.documents) > 1 else self.documents[0]
+
+    def list_events(self, namespace, name):
+        return []
+
+
+def running_with_progress(phase="Running"):
+    from kubetf.core.status import format_time
+
+    history = [{"step": s, "epoch": s // 10, "loss": 2.0 / (1 + s), "time": format_time(1_800_000_000 + s)}
+               for s in range(0, 60, 5)]  # fmt: skip
+    return {
+        "metadata": {"name": "mnist", "namespace": "ns"},
+        "spec": {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": {"replicas": 2, "template": {}}}},
+        "status": {
+            "phase": phase,
+            "progress": {"summary": "55%", "step": 55, "steps": 100, "stepsPerSecond": 2.5, "eta": "18s",
+                         "metrics": {"loss": 0.036}, "history": history},
+            "conditions": [{"type": "TrainingUnhealthy", "status": "True", "reason": "TrainingStalled",
+                            "message": "no progress for 11m"}],
+        },
+    }  # fmt: skip
+
+
+def test_status_shows_the_progress_its_health_and_the_loss_curve():
+    import io
+
+    out = io.StringIO()
+    jobctl.print_status(Jobs(running_with_progress()), "ns", "mnist", out)
+    text = out.getvalue()
+    assert "progress: 55%  step 55/100  2.5 steps/s  ETA 18s" in text
+    assert "metrics: loss=0.036" in text and "TrainingStalled: no progress for 11m" in text
+    assert "loss by step" in text and text.count("*") >= 12  # a point for each of the 12 in the history
+
+
+def test_status_watch_updates_until_the_job_finishes():
+    import io
+
+    out = io.StringIO()
+    jobs = Jobs(running_with_progress(), running_with_progress(), running_with_progress("Succeeded"))
+    assert jobctl.watch_status(jobs, "ns", "mnist", out, every=0, clear=False) == 0
+    assert out.getvalue().count("progress: 55%") == 2 and "Succeeded" in out.getvalue()

@@ -287,6 +287,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     client = _cluster(args)
+    if args.watch:
+        clear = sys.stdout.isatty()
+        return _job_command(
+            lambda: jobctl.watch_status(client, _namespace(args), args.name, sys.stdout, args.interval, clear)
+        )
     return _job_command(lambda: jobctl.print_status(client, _namespace(args), args.name, sys.stdout))
 
 
@@ -489,9 +494,13 @@ def build_parser() -> argparse.ArgumentParser:
     submit_cmd.add_argument("--timeout", type=float, help="stop following after this many seconds")
     submit_cmd.set_defaults(handler=cmd_submit)
 
-    status_cmd = commands.add_parser("status", help="a job's phase, replicas, restarts and recent events")
+    status_cmd = commands.add_parser(
+        "status", help="a job's phase, replicas, restarts, progress with its curves, and recent events"
+    )
     status_cmd.add_argument("name")
     _cluster_arguments(status_cmd)
+    status_cmd.add_argument("-w", "--watch", action="store_true", help="show it again until the job finishes")
+    status_cmd.add_argument("--interval", type=float, default=5.0, help="with --watch: seconds between updates")
     status_cmd.set_defaults(handler=cmd_status)
 
     logs_cmd = commands.add_parser("logs", help="logs of every replica, prefixed by role and index")
