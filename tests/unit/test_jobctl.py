@@ -88,3 +88,29 @@ def test_status_watch_updates_until_the_job_finishes():
     jobs = Jobs(running_with_progress(), running_with_progress(), running_with_progress("Succeeded"))
     assert jobctl.watch_status(jobs, "ns", "mnist", out, every=0, clear=False) == 0
     assert out.getvalue().count("progress: 55%") == 2 and "Succeeded" in out.getvalue()
+
+
+def test_tensorboard_reads_the_jobs_logs_read_only_in_a_restricted_pod_the_job_owns():
+    import pytest
+
+    from kubetf.cli.jobctl import JobError
+    from kubetf.cli.tensorboard import tensorboard_pod
+
+    from .jobs import job, replica
+
+    document = job(worker=replica(2))
+    document["spec"]["checkpoint"] = {"size": "1Gi", "mountPath": "/checkpoints"}
+    pod = tensorboard_pod(document)
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][:3] == ["tensorboard", "--logdir", "/checkpoints/tensorboard"]
+    assert (
+        container["image"] == document["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["image"]
+    )
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "mnist-checkpoint", "readOnly": True}
+    assert container["volumeMounts"][0]["readOnly"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] and container["securityContext"]["capabilities"] == {
+        "drop": ["ALL"]
+    }
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == document["metadata"]["uid"]
+    with pytest.raises(JobError, match=r"has no spec\.checkpoint"):
+        tensorboard_pod(job(worker=replica(2)))

@@ -302,6 +302,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    from kubetf.cli import tensorboard
+
+    client = _cluster(args)
+    return _job_command(lambda: tensorboard.run(client, _namespace(args), args.name, args.port, args.image, sys.stdout))
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     client = _cluster(args)
     return _job_command(lambda: jobctl.delete(client, _namespace(args), args.name, sys.stdout))
@@ -509,6 +516,15 @@ def build_parser() -> argparse.ArgumentParser:
     logs_cmd.add_argument("-f", "--follow", action="store_true", help="stream until the job finishes")
     logs_cmd.add_argument("--role", choices=api.ROLES, help="only this role")
     logs_cmd.set_defaults(handler=cmd_logs)
+
+    board = commands.add_parser(
+        "tensorboard", help="TensorBoard on a job's logs (its checkpoint volume), forwarded to a local port"
+    )
+    board.add_argument("name")
+    _cluster_arguments(board)
+    board.add_argument("--port", type=int, default=6006, help="local port (0: any free one)")
+    board.add_argument("--image", help="image with TensorBoard (default: the job's training image)")
+    board.set_defaults(handler=cmd_tensorboard)
 
     delete_cmd = commands.add_parser("delete", help="delete a job (the checkpoint PVC follows retainOnDelete)")
     delete_cmd.add_argument("name")
