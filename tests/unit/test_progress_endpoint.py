@@ -219,3 +219,18 @@ def test_the_cache_keeps_no_progress_history():
     job = mwms()
     job["status"] = {"phase": "Running", "progress": {"epoch": 1, "history": [{"epoch": 1, "loss": 0.5}] * 60}}
     assert slim_job(job)["status"] == {"phase": "Running", "progress": {"epoch": 1}}
+
+
+def test_after_a_lost_lease_the_job_is_read_again_before_its_progress_is_written():
+    r = Reporting()
+    token = r.token_of("mnist-chief-0")
+    r.post(token, {"step": 10, "steps": 100})
+    r.endpoint.write_due()
+    r.endpoint.leadership(False)
+    # Meanwhile another leader wrote what it was told: this one must not write its older view over it.
+    r.shell.api.patch_job_status(r.shell.api.jobs[r.shell.key], {"progress": pg.merge(
+        r.progress(), pg.parse_report(b'{"step": 50, "steps": 100}'), "chief", 0, True, r.shell.now + 5)})  # fmt: skip
+    r.shell.now += 10
+    r.post(token, {"step": 60, "steps": 100})
+    r.endpoint.write_due()
+    assert [p["step"] for p in r.progress()["history"]] == [10, 50, 60]

@@ -157,6 +157,14 @@ class ProgressEndpoint:
         with self.lock:
             return min(self.due.values(), default=None)
 
+    def leadership(self, held: bool) -> None:
+        """The lease lost: another leader may write progress meanwhile, so what this one kept is outdated."""
+        if not held:
+            with self.lock:
+                self.current.clear()
+                self.due.clear()
+                self.written.clear()
+
     def forget(self, key: Key) -> None:
         """The job is gone: its progress and its gauges too."""
         with self.lock:

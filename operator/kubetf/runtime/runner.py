@@ -82,7 +82,12 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
     controller.on_job_deleted = endpoint.forget
     endpoint.lead(kube, controller.store, lambda: serving.is_set() and (elector is None or elector.is_leader()))
     if elector is not None:
-        elector.on_change = controller.leadership
+
+        def leadership(held: bool) -> None:
+            controller.leadership(held)
+            endpoint.leadership(held)
+
+        elector.on_change = leadership
     threading.Thread(target=controller.run, args=(serving,), name="kubetf-start", daemon=True).start()
     try:
         kopf.run(
