@@ -422,6 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _offline_commands(commands)
+    _job_commands(commands)
+    operator = commands.add_parser("operator", help="run the operator (in a cluster or against a kubeconfig)")
+    _operator_arguments(operator)
+    operator.set_defaults(handler=cmd_operator)
+    return parser
+
+
+def _offline_commands(commands: Any) -> None:
+    """The commands that need no cluster."""
     render = commands.add_parser("render", help="print the objects the operator would create, offline")
     _file_argument(render, "TrainingJob YAML ('-' for stdin)")
     render.add_argument("-n", "--namespace", help="namespace to render into (default: the job's, else default)")
@@ -457,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_arguments(local_run)
     local_run.set_defaults(handler=local.run_from_args)
 
+
+def _job_commands(commands: Any) -> None:
+    """The commands on one job of the cluster."""
     submit_cmd = commands.add_parser("submit", help="create a TrainingJob and follow it to the end")
     _file_argument(submit_cmd, "TrainingJob YAML ('-' for stdin)")
     _cluster_arguments(submit_cmd)
@@ -480,11 +493,6 @@ def build_parser() -> argparse.ArgumentParser:
     delete_cmd.add_argument("name")
     _cluster_arguments(delete_cmd)
     delete_cmd.set_defaults(handler=cmd_delete)
-
-    operator = commands.add_parser("operator", help="run the operator (in a cluster or against a kubeconfig)")
-    _operator_arguments(operator)
-    operator.set_defaults(handler=cmd_operator)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
