@@ -84,6 +84,22 @@ class Queue:
                 return None
             raise
 
+    def explain(self, job: dict) -> str:
+        """What holds the quota: the job's Workload (finalizers, deletion, conditions, owners) and its pods."""
+        workload = self.workload(job)
+        if workload is None:
+            state = "its Workload is gone"
+        else:
+            meta, status = workload["metadata"], workload.get("status") or {}
+            conditions = {c["type"]: f"{c['status']} {c.get('reason')}" for c in status.get("conditions") or []}
+            state = (
+                f"Workload finalizers {meta.get('finalizers')}, deleting since {meta.get('deletionTimestamp')}, "
+                f"{len(meta.get('ownerReferences') or [])} owners, conditions {conditions}"
+            )
+        pods = self.cluster.core.list_namespaced_pod(self.namespace, label_selector=f"{kueue.GROUP_LABEL}").items
+        left = [f"{p.metadata.name} {p.status.phase} finalizers {p.metadata.finalizers}" for p in pods]
+        return f"{state}; pods of groups left: {left}; ClusterQueue status {self.cq().get('status')}"
+
     def delete(self) -> None:
         self.cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, "localqueues", self.local)
         self.cluster.custom.delete_cluster_custom_object(GROUP, VERSION, "clusterqueues", self.name)

@@ -78,14 +78,26 @@ class Cluster:
 
     def install_crd(self) -> None:
         crd = yaml.safe_load((ROOT / "manifests" / "crd" / f"{api.CRD_NAME}.yaml").read_text())
-        try:
-            existing = self.ext.read_custom_resource_definition(api.CRD_NAME)
-            crd["metadata"]["resourceVersion"] = existing.metadata.resource_version
-            self.ext.replace_custom_resource_definition(api.CRD_NAME, crd)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            self.ext.create_custom_resource_definition(crd)
+        # Every xdist worker does this at its start: a write lost to another worker's (409: Conflict, or
+        # AlreadyExists) is read and written again, as optimistic concurrency asks.
+        for attempt in range(10):
+            try:
+                existing = self.ext.read_custom_resource_definition(api.CRD_NAME)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                existing = None
+            try:
+                if existing is None:
+                    crd["metadata"].pop("resourceVersion", None)
+                    self.ext.create_custom_resource_definition(crd)
+                else:
+                    crd["metadata"]["resourceVersion"] = existing.metadata.resource_version
+                    self.ext.replace_custom_resource_definition(api.CRD_NAME, crd)
+                break
+            except ApiException as error:
+                if error.status != 409 or attempt == 9:
+                    raise
 
         def established():
             status = self.ext.read_custom_resource_definition(api.CRD_NAME).status

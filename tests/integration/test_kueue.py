@@ -170,7 +170,7 @@ def test_deleting_or_suspending_an_admitted_job_releases_its_quota(cluster, name
         cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", "j")
     else:
         cluster.patch_spec(namespace, "j", {"runPolicy": {"suspend": True}})
-    wait_for(lambda: queue.gpus_in_use() == 0, 15, "the quota released")
+    wait_for(lambda: queue.gpus_in_use() == 0, 15, lambda: f"the quota released: {queue.explain(job)}")
     wait_for(lambda: not cluster.pods(namespace, "j"), 15, "the pods gone, none stuck on Kueue's finalizer")
     if how == "suspend":
         cluster.wait_phase(namespace, "j", "Suspended")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetf.core.api import Job
-from kubetf.core.kueue import Admission
+from kubetf.core.kueue import Admission, managed_here
 from kubetf.core.sigterm import LogRead, Watched
 
 Pod = dict[str, Any]
@@ -91,3 +91,9 @@ class Farewell:
 
     unretriable: list[Pod]
     release: list[Pod]
+    read_logs: list[LogRead] = field(default_factory=list)  # none: a farewell decides nothing on a log
+
+
+def runs_here(job: Job | None) -> bool:
+    """The job exists, is not being deleted, and this operator runs it (not MultiKueue: spec.managedBy)."""
+    return job is not None and not job["metadata"].get("deletionTimestamp") and managed_here(job)

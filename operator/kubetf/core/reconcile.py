@@ -16,7 +16,7 @@ from kubetf.core import api, builders, kueue, node_loss, policy, progress, refus
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.config import OperatorConfig
-from kubetf.core.plan import Event, Farewell, Observed, Plan
+from kubetf.core.plan import Event, Farewell, Observed, Plan, runs_here
 from kubetf.core.policy import Outcome, Termination
 from kubetf.core.refusals import Refusal
 from kubetf.core.status import COMPLETED, CREATED, WAITING, Pod, TaskView
@@ -77,9 +77,9 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
     return result
 
 
-def runs_here(job: Job | None) -> bool:
-    """The job exists, is not being deleted, and this operator runs it (not MultiKueue: spec.managedBy)."""
-    return job is not None and not job["metadata"].get("deletionTimestamp") and kueue.managed_here(job)
+def decide(seen: Observed, config: OperatorConfig) -> Plan | Farewell:
+    """The plan of a job that runs here; the farewell of one that does not (deleted, or MultiKueue's)."""
+    return plan(seen, config) if runs_here(seen.job) else farewell(seen)
 
 
 def farewell(seen: Observed) -> Farewell:

@@ -355,13 +355,10 @@ class Controller:
             self.queue.at(waiting_until, key, NORMAL)  # a lost watch event must not stall the job
             return None
         seen = self.observer.observe(key, self.executor.sigterm.get(key, {}))
-        if not reconcile.runs_here(seen.job):
-            self.executor.farewell(key, reconcile.farewell(seen))
-            return None
-        plan = reconcile.plan(seen, self.config)
+        plan = reconcile.decide(seen, self.config)
         if plan.read_logs:  # a group restart waits on what its first member's log says (core.sigterm)
             seen = self.observer.with_logs(seen, plan.read_logs)
-            plan = reconcile.plan(seen, self.config)
+            plan = reconcile.decide(seen, self.config)
         final = self.executor.carry_out(key, seen, plan)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         return final

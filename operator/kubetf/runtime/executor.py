@@ -46,9 +46,12 @@ class Executor:
         self.phases: dict[Key, str] = {}
         self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
 
-    def carry_out(self, key: Key, seen: Observed, plan: Plan) -> Plan:
+    def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell) -> Plan | None:
         """Do what `plan` says; returns the final plan (after its creates). Raises what stopped it: an API error
         (retried with the job's backoff), a refused create (its job's status says it, then retried)."""
+        if isinstance(plan, Farewell):
+            self.farewell(key, plan)
+            return None
         job: dict[str, Any] = seen.job or {}
         original = job.get("status") or {}
         trial_refusal = self.kube.dry_run(plan.trial, job["metadata"]["uid"]) if plan.trial else None
