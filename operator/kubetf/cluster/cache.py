@@ -340,6 +340,14 @@ class Store:
                 del self.workloads[key]
             return [job for key in gone if (job := self.groups.get(key)) is not None]
 
+    def workloads_of(self, namespace: str, job_name: str) -> list[Obj]:
+        """The pod groups' Workloads named for jobs of this name (kueue.is_group_of)."""
+        with self.lock:
+            entries = [
+                e for (ns, name), e in self.workloads.items() if ns == namespace and kueue.is_group_of(name, job_name)
+            ]
+        return [json.loads(encoded) for _, encoded in entries]
+
     def workload(self, namespace: str, name: str) -> Obj | None:
         with self.lock:
             entry = self.workloads.get((namespace, name))
