@@ -180,11 +180,16 @@ class RawWatch:
 
     def _run(self) -> None:
         version = None
+        known: dict[str, dict] = {}  # name -> last object seen: a relist reports what went missing as DELETED
         while not self.stopped:
             try:
                 if version is None:
                     listed = json.loads(self.list_fn(_preload_content=False).data)
+                    names = {item["metadata"]["name"] for item in listed["items"]}
+                    for name in set(known) - names:
+                        self.on_event("DELETED", known.pop(name))
                     for item in listed["items"]:
+                        known[item["metadata"]["name"]] = item
                         self.on_event("ADDED", item)
                     version = listed["metadata"]["resourceVersion"]
                 response = self.list_fn(
@@ -201,6 +206,11 @@ class RawWatch:
                         break
                     version = event["object"]["metadata"]["resourceVersion"]
                     if event["type"] != "BOOKMARK":
+                        name = event["object"]["metadata"]["name"]
+                        if event["type"] == "DELETED":
+                            known.pop(name, None)
+                        else:
+                            known[name] = event["object"]
                         self.on_event(event["type"], event["object"])
             except Exception:  # a broken connection: watch again from where we were
                 time.sleep(1)

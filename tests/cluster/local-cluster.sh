@@ -905,6 +905,7 @@ kueue_collected() {  # the garbage collector watches Kueue's types: a Workload w
   # when its pods go, keeps its quota. Probe: a ResourceFlavor owned by a ClusterRole that is then deleted.
   kc delete resourceflavor kubetf-gc-probe --ignore-not-found --wait=false >/dev/null
   wait_for 30 "the previous GC probe gone" gc_probe_gone
+  kc delete clusterrole kubetf-gc-probe --ignore-not-found >/dev/null  # left by an interrupted run
   kc create clusterrole kubetf-gc-probe --verb=get --resource=configmaps >/dev/null
   local uid; uid="$(kc get clusterrole kubetf-gc-probe -o jsonpath='{.metadata.uid}')"
   kc apply -f - >/dev/null <<EOF

@@ -164,6 +164,14 @@ class FakeApi:
             self._emit("jobs", "DELETED", job)
         return job is not None
 
+    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
+        self.calls.append(f"delete workload {name}")
+        workloads = (self.kueue or {}).get("workloads", {})
+        if name not in workloads or self._workload(name)["metadata"]["uid"] != uid:
+            return False
+        del workloads[name]
+        return True
+
     def list_pods(self, namespace: str, job_name: str) -> tuple[list[dict], int]:
         self.calls.append("list pods")
         pods = [copy.deepcopy(p) for p in self.pods.values() if p["metadata"]["labels"][api.LABEL_JOB] == job_name]

@@ -312,6 +312,7 @@ def test_suspend_gives_the_quota_back_and_resume_waits_for_the_finished_workload
 
 def test_a_deleted_jobs_pods_are_marked_and_released():
     sim = admitted_and_running(queued(mwms_job()))
+    group = kueue.group_name(sim.job)
     sim.api.delete_job(*sim.key)
     for name, pod in sim.pods.items():  # the garbage collector deletes them
         pod["metadata"]["deletionTimestamp"] = st.format_time(sim.now)
@@ -323,6 +324,48 @@ def test_a_deleted_jobs_pods_are_marked_and_released():
     sim.api.deliver(sim.controller)
     sim.controller.reconcile(sim.key)
     assert sim.pods == {}
+    assert not any(c.startswith("delete workload") for c in sim.api.calls)  # its pods were still there
+    sim.api.deliver(sim.controller)  # the pods' DELETED events
+    sim.controller.reconcile(sim.key)
+    assert f"delete workload {group}" in sim.api.calls  # not left to the garbage collector: its quota goes now
+    assert group not in sim.api.kueue["workloads"]
+
+
+def test_a_suspended_jobs_workload_goes_once_its_pods_are_gone():
+    sim = admitted_and_running(queued(mwms_job()))
+    sim.job["spec"]["runPolicy"]["suspend"] = True
+    sim.api.update_job(sim.key)
+    sim.step()
+    terminate(sim)
+    sim.step()
+    assert sim.pods == {}
+    sim.step()
+    assert kueue.group_name(sim.job) not in sim.api.kueue["workloads"]
+    assert sim.status["phase"] == "Suspended"
+
+
+def test_a_running_jobs_workload_is_never_deleted_even_with_no_pod_left():
+    sim = admitted_and_running(queued(mwms_job()))
+    group = kueue.group_name(sim.job)
+    sim.api.kueue["workloads"][group].setdefault("metadata", {})["ownerReferences"] = []  # frozen: no owner
+    sim.step()
+    sim.step()
+    assert group in sim.api.kueue["workloads"]
+    assert not any(c.startswith("delete workload") for c in sim.api.calls)
+
+
+@pytest.mark.parametrize(
+    "workload, job, expected",
+    [
+        ("mnist-1a2b3c4d", "mnist", True),
+        ("mnist-1a2b3c4d", "mnist-1a2b", False),
+        ("mnist-1a2b3c4d5", "mnist", False),  # not a group's uid
+        ("mnist-worker-1a2b3c4d", "mnist", False),
+        ("a" * 54 + "-1a2b3c4d", "a" * 60, True),  # the name is cut to fit a label
+    ],
+)
+def test_a_workload_is_known_as_a_group_of_a_job_by_its_name(workload, job, expected):
+    assert kueue.is_group_of(workload, job) is expected
 
 
 # ---------------------------------------------------------------------- bad input

@@ -86,6 +86,10 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 - apiGroups: [kueue.x-k8s.io]
   resources: [localqueues, workloads]
   verbs: [get, list, watch]
+# An ended job's Workload that no pod owns any more: deleted at once, so its quota does not wait for the garbage collector.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [delete]
 - apiGroups: [visibility.kueue.x-k8s.io]
   resources: [localqueues/pendingworkloads]
   verbs: [get]

@@ -198,11 +198,7 @@ class Store:
         """Drop the jobs of `namespace` ("": all) missing from a list taken at `list_version` (a watch gap hid their
         deletion), unless stored with a newer version; returns them."""
         with self.lock:
-            gone = [
-                key
-                for key, (version, _) in self.jobs.items()
-                if (not namespace or key[0] == namespace) and key not in listed and version <= list_version
-            ]
+            gone = _missing(self.jobs, namespace, listed, list_version)
             for key in gone:
                 del self.jobs[key]
                 self.job_queues.pop(key, None)
@@ -343,16 +339,29 @@ class Store:
         """Drop the Workloads of `namespace` ("": all) missing from a list taken at `list_version`; returns their
         jobs."""
         with self.lock:
-            gone = [
-                key
-                for key, (version, _) in self.workloads.items()
-                if (not namespace or key[0] == namespace) and key not in listed and version <= list_version
-            ]
+            gone = _missing(self.workloads, namespace, listed, list_version)
             for key in gone:
                 del self.workloads[key]
             return [job for key in gone if (job := self.groups.get(key)) is not None]
+
+    def workloads_of(self, namespace: str, job_name: str) -> list[Obj]:
+        """The pod groups' Workloads named for jobs of this name (kueue.is_group_of)."""
+        with self.lock:
+            entries = [
+                e for (ns, name), e in self.workloads.items() if ns == namespace and kueue.is_group_of(name, job_name)
+            ]
+        return [json.loads(encoded) for _, encoded in entries]
 
     def workload(self, namespace: str, name: str) -> Obj | None:
         with self.lock:
             entry = self.workloads.get((namespace, name))
         return json.loads(entry[1]) if entry else None
+
+
+def _missing(entries: dict[Key, tuple[int, str]], namespace: str, listed: set[Key], list_version: int) -> list[Key]:
+    """The stored keys of `namespace` ("": all) that a list taken at `list_version` lacks, unless stored newer."""
+    return [
+        key
+        for key, (version, _) in entries.items()
+        if (not namespace or key[0] == namespace) and key not in listed and version <= list_version
+    ]

@@ -365,6 +365,19 @@ class Kube:
         patch = {"metadata": {"annotations": {kueue.RETRIABLE_ANNOTATION: "false"}}}
         list(self.pool.map(lambda pod: self._patch_pod(pod, patch), pods))
 
+    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete a Kueue Workload, that incarnation only. False when not there."""
+        try:
+            self._call(
+                "delete", "workloads", self.custom.delete_namespaced_custom_object,
+                kueue.GROUP, kueue.VERSION, namespace, "workloads", name, body={"preconditions": {"uid": uid}},
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
     def release_pods(self, pods: list[Obj]) -> None:
         """Remove Kueue's finalizer from these deleted pods (they run nothing any more: kueue.held), and end their
         deletion at once: the kubelet would confirm it only once it has cleaned up after the containers, most of a

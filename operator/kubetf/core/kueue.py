@@ -43,6 +43,7 @@ GROUP_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/is-group-workload"  # "true" on the 
 TERMINATION_TARGET = "TerminationTarget"  # the pod condition Kueue sets on every pod it stops
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
+GROUP_UID_CHARS = 8  # of the job's uid in its group's name
 VISIBILITY_GROUP, VISIBILITY_VERSION = "visibility.kueue.x-k8s.io", "v1beta2"  # Kueue's pendingworkloads
 
 # spec.managedBy: unset or ours means this operator; MultiKueue dispatches the job to a worker cluster instead.
@@ -60,7 +61,7 @@ def managed_here(job: Job) -> bool:
 
 def group_name(job: Job) -> str:
     """The job's pod group, which names its Workload: the job's name and the start of its uid (a label value)."""
-    uid = job["metadata"].get("uid", "")[:8]
+    uid = job["metadata"].get("uid", "")[:GROUP_UID_CHARS]
     return f"{api.name(job)[: 62 - len(uid)]}-{uid}"
 
 
@@ -166,6 +167,25 @@ def bookkeeping(
     staying = [p for p in staying if not any(p is d for d in deleting)]
     release = to_release(ours, lost_nodes, ending, staying, workload) + to_release(others, lost_nodes, ending=True)
     return (needs_unretriable(pods) if ending else []), release
+
+
+def is_group_of(workload_name: str, job_name: str) -> bool:
+    """The Workload is named for a pod group of a job of this name (group_name, of any uid)."""
+    prefix = job_name[: 62 - GROUP_UID_CHARS] + "-"
+    return workload_name.startswith(prefix) and len(workload_name) == len(prefix) + GROUP_UID_CHARS
+
+
+def orphaned(workloads: list[dict[str, Any]], pods: list[Pod]) -> list[dict[str, Any]]:
+    """The Workloads of an ended job's pod groups (deleted, suspended, finished) that no pod of it owns any more and
+    Kueue has not finished: they would hold their quota until the garbage collector notices they have no owner,
+    in its own time. The operator deletes them at once (Kueue lets a deleted Workload go, and its quota with it)."""
+    uids = {p["metadata"].get("uid") for p in pods}
+    return [
+        w
+        for w in workloads
+        if _condition(w, "Finished") != "True"
+        and not any(o.get("uid") in uids for o in w["metadata"].get("ownerReferences") or [])
+    ]
 
 
 def farewell(pods: list[Pod], lost_nodes: Collection[str]) -> tuple[list[Pod], list[Pod]]:

@@ -33,6 +33,8 @@ class Observed:
     # pods sent SIGTERM (by uid), and the logs read for this one (None: the log could not be read).
     sigterm: Mapping[str, Watched] = field(default_factory=dict)
     logs: Mapping[str, str | None] = field(default_factory=dict)
+    # The Workloads named for the job's pod groups, once it has ended (deleted, suspended, finished): kueue.orphaned
+    workloads: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Plan:
     # Kueue's pod groups (kubetf.core.kueue): pods marked not to be replaced, pods whose Kueue finalizer goes.
     unretriable: list[Pod] = field(default_factory=list)
     release: list[Pod] = field(default_factory=list)
+    delete_workloads: list[dict[str, Any]] = field(default_factory=list)  # an ended job's, no pod left (kueue.orphaned)
     requeue_at: float | None = None
     delete_job: bool = False
     admission: Admission | None = None
@@ -91,6 +94,7 @@ class Farewell:
 
     unretriable: list[Pod]
     release: list[Pod]
+    delete_workloads: list[dict[str, Any]]
     read_logs: list[LogRead] = field(default_factory=list)  # none: a farewell decides nothing on a log
 
 

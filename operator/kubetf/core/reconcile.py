@@ -84,7 +84,7 @@ def decide(seen: Observed, config: OperatorConfig) -> Plan | Farewell:
 
 def farewell(seen: Observed) -> Farewell:
     """A job that does not run here (any more): what is left to do for its pods (kubetf.core.kueue)."""
-    return Farewell(*kueue.farewell(seen.pods, seen.lost_nodes))
+    return Farewell(*kueue.farewell(seen.pods, seen.lost_nodes), kueue.orphaned(seen.workloads, seen.pods))
 
 
 def _decide(d: _Decision, seen: Observed) -> list[Pod]:
@@ -196,6 +196,7 @@ def _deletions(result: Plan, seen: Observed, stale: list[Pod], config: OperatorC
     workload = result.admission.workload if result.admission else None
     going = [*result.delete, *result.held, *result.force_delete]
     result.unretriable, result.release = kueue.bookkeeping(job, result.status, seen.pods, going, lost, ending, workload)
+    result.delete_workloads = kueue.orphaned(seen.workloads, seen.pods) if ending else []
 
 
 def _creations(result: Plan, pods: list[dict[str, Any]], config: OperatorConfig) -> None:

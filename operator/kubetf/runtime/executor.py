@@ -85,7 +85,7 @@ class Executor:
         self.positions.track(key, None, None)
         with self.lock:
             self.sigterm.pop(key, None)
-        self._for_kueue(key, plan.unretriable, plan.release)
+        self._for_kueue(key, plan.unretriable, plan.release, plan.delete_workloads)
 
     def record_phase(self, key: Key, phase: str | None) -> None:
         """Keep the jobs-by-phase gauge current by moving this job between phases (no scan of every job)."""
@@ -116,15 +116,25 @@ class Executor:
             self.expectations.observe(key, name, uid, gone=True)
         for pod in self.kube.delete_pods(plan.force_delete, grace_seconds=0):
             self.store.remove_pod(key, pod["metadata"]["name"], pod["metadata"]["uid"])
-        self._for_kueue(key, [], plan.release)  # their DELETED events bring the job back for the replacements
+        # Their DELETED events bring the job back for the replacements (or, ended, for its Workload).
+        self._for_kueue(key, [], plan.release, plan.delete_workloads)
 
-    def _for_kueue(self, key: Key, unretriable: list[dict[str, Any]], release: list[dict[str, Any]]) -> None:
+    def _for_kueue(
+        self,
+        key: Key,
+        unretriable: list[dict[str, Any]],
+        release: list[dict[str, Any]],
+        workloads: list[dict[str, Any]] | None = None,
+    ) -> None:
         if unretriable:
             log.info("%s/%s: %s marked not to be replaced (Kueue)", *key, ", ".join(_names(unretriable)))
             self.kube.mark_unretriable(unretriable)
         if release:
             log.info("%s/%s: releasing %s from Kueue's finalizer", *key, ", ".join(_names(release)))
             self.kube.release_pods(release)
+        for workload in workloads or []:
+            log.info("%s/%s: deleting Workload %s: no pod of the ended job is left", *key, _names([workload])[0])
+            self.kube.delete_workload(key[0], workload["metadata"]["name"], workload["metadata"]["uid"])
 
     def _create(self, key: Key, plan: Plan) -> Creation:
         self.expectations.expect(key, creations=_names(plan.create))

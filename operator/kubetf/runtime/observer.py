@@ -42,7 +42,11 @@ class Observer:
 
     def observe(self, key: Key, sigterm: Mapping[str, Watched]) -> Observed:
         job, pods, now = self.store.job(key), self.store.job_pods(key), self.clock()
-        return Observed(job, pods, now, self._lost_nodes(pods, now), self._admission(job, now), sigterm)
+        ended = job is None or (kueue.managed_here(job) and (api.run_policy(job).get("suspend") or _finished(job)))
+        workloads = self.store.workloads_of(*key) if ended else []
+        return Observed(
+            job, pods, now, self._lost_nodes(pods, now), self._admission(job, now), sigterm, workloads=workloads
+        )
 
     def with_logs(self, seen: Observed, reads: list[LogRead]) -> Observed:
         """`seen` with the logs read (None: unreadable, and said so in the operator's log)."""
