@@ -284,9 +284,13 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
         if int(job[2:]) != highest:
             with state.lock:
                 pods = sorted(
-                    f"{g and 'gated ' or ''}{phase}" for _, g, phase in state.pods.get(f"c-{highest}", {}).values()
+                    f"{'gated ' if g else ''}{phase}" for _, g, phase in state.pods.get(f"c-{highest}", {}).values()
                 )
-            out(f"  inversion: {job} runs while c-{highest} waits, its pods: {pods}")
+                workload = next((w for name, w in state.workloads.items() if name.startswith(f"c-{highest}-")), {})
+                true = [
+                    f"{c['type']} {c.get('reason')}" for c in workload.get("conditions") or [] if c["status"] == "True"
+                ]
+            out(f"  inversion: {job} runs while c-{highest} waits, its pods: {pods}; its Workload: {true}")
         with contextlib.suppress(ApiException):  # preempted meanwhile: its pods are going
             cluster.core.patch_namespaced_pod(
                 f"{job}-chief-0", namespace, {"metadata": {"annotations": {kwok.EXIT_CODE: "0"}}}
