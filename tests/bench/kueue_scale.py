@@ -11,10 +11,11 @@ manages; their pods go to the fake nodes once admitted. In order:
    and without its leader election's Lease renewals), its CPU and RSS;
 2. quota for --admit of them: from each one's admission (its Workload's Admitted condition) to its 5 pods Running,
    p50/p99, and the time until all are Running;
-3. a priority chain in a ClusterQueue of quota for one job: --chain jobs, each of a higher WorkloadPriorityClass than
-   the last, each preempting the one before; then whichever job runs ends, again and again, until all have
-   Succeeded: the order they finished in (an inversion: one finished before a higher one still waiting), and every
-   job's disruptions as the operator counted them against Kueue's Preempted events for its Workload.
+3. a priority chain in a ClusterQueue of quota for one job (StrictFIFO: see --chain-queueing): --chain jobs, each
+   of a higher WorkloadPriorityClass than the last, each preempting the one before; then whichever job runs ends,
+   again and again, until all have Succeeded: the order they finished in (an inversion: one finished before a
+   higher one still waiting), and every job's disruptions as the operator counted them against Kueue's Preempted
+   events for its Workload.
 
 The operator runs out of cluster as a subprocess with /metrics on (tests/bench/scale.py Process), alone: an installed
 one is scaled to zero meanwhile. Uses $KUBECONFIG, else brings the local cluster up; installs Kueue and adds fake
@@ -79,7 +80,7 @@ def job_spec() -> dict:
     }
 
 
-def cluster_queue(cluster: Cluster, name: str, jobs: int, preempt: bool = False) -> None:
+def cluster_queue(cluster: Cluster, name: str, jobs: int, preempt: bool = False, strategy: str | None = None) -> None:
     """A ClusterQueue with CPU quota for `jobs` jobs (patched if it exists)."""
     quota = f"{jobs * PODS_PER_JOB * CPU_PER_POD}m"
     spec: dict[str, Any] = {
@@ -93,6 +94,8 @@ def cluster_queue(cluster: Cluster, name: str, jobs: int, preempt: bool = False)
     }
     if preempt:
         spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    if strategy:
+        spec["queueingStrategy"] = strategy
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
     try:
         cluster.custom.create_cluster_custom_object(GROUP, VERSION, "clusterqueues", body)
@@ -348,6 +351,13 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=5000, help="jobs queued at once (default 5000)")
     parser.add_argument("--admit", type=int, default=1000, help="of them, admitted by raising the quota (default 1000)")
     parser.add_argument("--chain", type=int, default=100, help="jobs in the priority chain (default 100)")
+    parser.add_argument(
+        "--chain-queueing",
+        choices=("StrictFIFO", "BestEffortFIFO"),
+        default="StrictFIFO",
+        help="the chain's ClusterQueue's queueingStrategy (default StrictFIFO: BestEffortFIFO, Kueue's default, lets "
+        "a lower job that fits in while a higher one's attempt failed, e.g. on quota not yet given back)",
+    )
     parser.add_argument("--window", type=float, default=120, help="seconds measured while the jobs wait")
     args = parser.parse_args()
     args.admit = min(args.admit, args.queued)
@@ -374,7 +384,7 @@ def main() -> None:
     try:
         create_namespace(cluster, namespace)
         cluster_queue(cluster, cq, 0)
-        cluster_queue(cluster, chain_cq, 1, preempt=True)
+        cluster_queue(cluster, chain_cq, 1, preempt=True, strategy=args.chain_queueing)
         local_queue(cluster, namespace, "bench", cq)
         local_queue(cluster, namespace, "chain", chain_cq)
         process.start()
