@@ -178,10 +178,11 @@ class Jobs:
         return None
 
 
-def wait(check, timeout: float, what: str, every: float = 60.0) -> None:
+def wait(check, timeout: float, what: str, every: float = 60.0) -> Any:
+    """Poll `check` until it returns something true, and return that."""
     start = time.monotonic()
     report = start + every
-    while not check():
+    while not (value := check()):
         now = time.monotonic()
         if now > start + timeout:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
@@ -189,6 +190,7 @@ def wait(check, timeout: float, what: str, every: float = 60.0) -> None:
             report += every
             out(f"  ... {now - start:.0f}s waiting for {what}")
         time.sleep(0.5)
+    return value
 
 
 def api_rate(process: Process, seconds: float) -> tuple[float, float, Counter]:
@@ -272,17 +274,16 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
     out(f"  ... and every preempted job Queued again with its 5 pods gated, {time.monotonic() - start:.0f}s")
     finished: list[int] = []
 
-    def running() -> int | None:
+    def running() -> str | None:
         with state.lock:  # the watches say which job may run; the API confirms it before its chief is told to exit
             seen = [j for j in range(length) if j not in finished and state.running(f"c-{j}")]
-        return next((j for j in seen if running_now(cluster, namespace, f"c-{j}")), None)
+        return next((f"c-{j}" for j in seen if running_now(cluster, namespace, f"c-{j}")), None)
 
     start = time.monotonic()
     while len(finished) < length:
         # The running job is found each time, never assumed to be the highest left: Kueue may admit a lower one
         # while a higher one is between attempts, and preempt it when the higher one is back.
-        wait(lambda: running() is not None, 600, "a job of the chain running")
-        job = f"c-{running()}"
+        job = wait(running, 600, "a job of the chain running")
         highest = max(j for j in range(length) if j not in finished)
         if int(job[2:]) != highest:
             with state.lock:
