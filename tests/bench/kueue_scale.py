@@ -11,10 +11,11 @@ manages; their pods go to the fake nodes once admitted. In order:
    and without its leader election's Lease renewals), its CPU and RSS;
 2. quota for --admit of them: from each one's admission (its Workload's Admitted condition) to its 5 pods Running,
    p50/p99, and the time until all are Running;
-3. a priority chain in a ClusterQueue of quota for one job: --chain jobs, each of a higher WorkloadPriorityClass than
-   the last, each preempting the one before; then whichever job runs ends, again and again, until all have
-   Succeeded: the order they finished in (an inversion: one finished before a higher one still waiting), and every
-   job's disruptions as the operator counted them against Kueue's Preempted events for its Workload.
+3. a priority chain in a ClusterQueue of quota for one job (StrictFIFO: see --chain-queueing): --chain jobs, each
+   of a higher WorkloadPriorityClass than the last, each preempting the one before; then whichever job runs ends,
+   again and again, until all have Succeeded: the order they finished in (an inversion: one finished before a
+   higher one still waiting), and every job's disruptions as the operator counted them against Kueue's Preempted
+   events for its Workload.
 
 The operator runs out of cluster as a subprocess with /metrics on (tests/bench/scale.py Process), alone: an installed
 one is scaled to zero meanwhile. Uses $KUBECONFIG, else brings the local cluster up; installs Kueue and adds fake
@@ -79,7 +80,7 @@ def job_spec() -> dict:
     }
 
 
-def cluster_queue(cluster: Cluster, name: str, jobs: int, preempt: bool = False) -> None:
+def cluster_queue(cluster: Cluster, name: str, jobs: int, preempt: bool = False, strategy: str | None = None) -> None:
     """A ClusterQueue with CPU quota for `jobs` jobs (patched if it exists)."""
     quota = f"{jobs * PODS_PER_JOB * CPU_PER_POD}m"
     spec: dict[str, Any] = {
@@ -93,6 +94,8 @@ def cluster_queue(cluster: Cluster, name: str, jobs: int, preempt: bool = False)
     }
     if preempt:
         spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    if strategy:
+        spec["queueingStrategy"] = strategy
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
     try:
         cluster.custom.create_cluster_custom_object(GROUP, VERSION, "clusterqueues", body)
@@ -175,10 +178,11 @@ class Jobs:
         return None
 
 
-def wait(check, timeout: float, what: str, every: float = 60.0) -> None:
+def wait(check, timeout: float, what: str, every: float = 60.0) -> Any:
+    """Poll `check` until it returns something true, and return that."""
     start = time.monotonic()
     report = start + every
-    while not check():
+    while not (value := check()):
         now = time.monotonic()
         if now > start + timeout:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
@@ -186,6 +190,7 @@ def wait(check, timeout: float, what: str, every: float = 60.0) -> None:
             report += every
             out(f"  ... {now - start:.0f}s waiting for {what}")
         time.sleep(0.5)
+    return value
 
 
 def api_rate(process: Process, seconds: float) -> tuple[float, float, Counter]:
@@ -269,24 +274,27 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
     out(f"  ... and every preempted job Queued again with its 5 pods gated, {time.monotonic() - start:.0f}s")
     finished: list[int] = []
 
-    def running() -> int | None:
+    def running() -> str | None:
         with state.lock:  # the watches say which job may run; the API confirms it before its chief is told to exit
             seen = [j for j in range(length) if j not in finished and state.running(f"c-{j}")]
-        return next((j for j in seen if running_now(cluster, namespace, f"c-{j}")), None)
+        return next((f"c-{j}" for j in seen if running_now(cluster, namespace, f"c-{j}")), None)
 
     start = time.monotonic()
     while len(finished) < length:
         # The running job is found each time, never assumed to be the highest left: Kueue may admit a lower one
         # while a higher one is between attempts, and preempt it when the higher one is back.
-        wait(lambda: running() is not None, 600, "a job of the chain running")
-        job = f"c-{running()}"
+        job = wait(running, 600, "a job of the chain running")
         highest = max(j for j in range(length) if j not in finished)
         if int(job[2:]) != highest:
             with state.lock:
                 pods = sorted(
-                    f"{g and 'gated ' or ''}{phase}" for _, g, phase in state.pods.get(f"c-{highest}", {}).values()
+                    f"{'gated ' if g else ''}{phase}" for _, g, phase in state.pods.get(f"c-{highest}", {}).values()
                 )
-            out(f"  inversion: {job} runs while c-{highest} waits, its pods: {pods}")
+                workload = next((w for name, w in state.workloads.items() if name.startswith(f"c-{highest}-")), {})
+                true = [
+                    f"{c['type']} {c.get('reason')}" for c in workload.get("conditions") or [] if c["status"] == "True"
+                ]
+            out(f"  inversion: {job} runs while c-{highest} waits, its pods: {pods}; its Workload: {true}")
         with contextlib.suppress(ApiException):  # preempted meanwhile: its pods are going
             cluster.core.patch_namespaced_pod(
                 f"{job}-chief-0", namespace, {"metadata": {"annotations": {kwok.EXIT_CODE: "0"}}}
@@ -344,6 +352,13 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=5000, help="jobs queued at once (default 5000)")
     parser.add_argument("--admit", type=int, default=1000, help="of them, admitted by raising the quota (default 1000)")
     parser.add_argument("--chain", type=int, default=100, help="jobs in the priority chain (default 100)")
+    parser.add_argument(
+        "--chain-queueing",
+        choices=("StrictFIFO", "BestEffortFIFO"),
+        default="StrictFIFO",
+        help="the chain's ClusterQueue's queueingStrategy (default StrictFIFO: BestEffortFIFO, Kueue's default, lets "
+        "a lower job that fits in while a higher one's attempt failed, e.g. on quota not yet given back)",
+    )
     parser.add_argument("--window", type=float, default=120, help="seconds measured while the jobs wait")
     args = parser.parse_args()
     args.admit = min(args.admit, args.queued)
@@ -370,7 +385,7 @@ def main() -> None:
     try:
         create_namespace(cluster, namespace)
         cluster_queue(cluster, cq, 0)
-        cluster_queue(cluster, chain_cq, 1, preempt=True)
+        cluster_queue(cluster, chain_cq, 1, preempt=True, strategy=args.chain_queueing)
         local_queue(cluster, namespace, "bench", cq)
         local_queue(cluster, namespace, "chain", chain_cq)
         process.start()

@@ -44,6 +44,7 @@ OPERATOR_PERMISSIONS = {
         for resource in ("localqueues", "workloads")
         for verb in ("get", "list", "watch")
     ),
+    ("kueue.x-k8s.io", "workloads", "delete"),  # an ended job's, once no pod owns it (kubetf.core.kueue.orphaned)
     ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
 }
 CLUSTER_QUEUES = {("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads", "get")}  # cluster-wide only

@@ -179,16 +179,7 @@ class Kube:
         body: Obj = {"propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
-        try:
-            self._call(
-                "delete", api.PLURAL, self.custom.delete_namespaced_custom_object,
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name, body=body,
-            )  # fmt: skip
-        except ApiException as error:
-            if error.status in (404, 409):
-                return False
-            raise
-        return True
+        return self._delete_custom(api.GROUP, api.VERSION, namespace, api.PLURAL, name, body)
 
     def create_job(self, job: Obj) -> Obj:
         namespace = job["metadata"].get("namespace") or "default"
@@ -367,10 +358,16 @@ class Kube:
 
     def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
         """Delete a Kueue Workload, that incarnation only. False when not there."""
+        return self._delete_custom(
+            kueue.GROUP, kueue.VERSION, namespace, "workloads", name, {"preconditions": {"uid": uid}}
+        )
+
+    def _delete_custom(self, group: str, version: str, namespace: str, plural: str, name: str, body: Obj) -> bool:
+        """False when the object is not there, or is another incarnation (409: the uid precondition failed)."""
         try:
             self._call(
-                "delete", "workloads", self.custom.delete_namespaced_custom_object,
-                kueue.GROUP, kueue.VERSION, namespace, "workloads", name, body={"preconditions": {"uid": uid}},
+                "delete", plural, self.custom.delete_namespaced_custom_object,
+                group, version, namespace, plural, name, body=body,
             )  # fmt: skip
         except ApiException as error:
             if error.status in (404, 409):
