@@ -184,20 +184,21 @@ def test_a_parameter_server_job_gives_its_quota_back_when_it_succeeds(installed,
 
 
 def test_suspending_then_deleting_an_admitted_job_releases_its_quota(installed, namespace, queue):
+    """Real pods on a real node (kubelet, Kueue's finalizers), a program that ignores SIGTERM and is killed after its
+    2 s grace period: what TensorFlow does on SIGTERM is e2e/test_training.py's and e2e/test_sigterm.py's."""
     cluster = installed
-    submit(cluster, namespace, mnist("s", queue, epochs=20))
-    wait_for(lambda: running(cluster, namespace, "s", 2), 300, "s Running", interval=0.5)
+    submit(cluster, namespace, sleeper("s", queue, 3600))
+    wait_for(lambda: running(cluster, namespace, "s", 2), 120, "s Running", interval=0.5)
     wait_for(lambda: queue.gpus_in_use() == 2, 30, "s holding 2 GPUs")
-    # Kueue releases the quota once no pod runs: within the pods' grace period (120 s), however slowly a loaded
-    # machine lets TensorFlow save on SIGTERM.
+    # Kueue releases the quota once no pod runs.
     cluster.patch_spec(namespace, "s", {"runPolicy": {"suspend": True}})
-    wait_for(lambda: queue.gpus_in_use() == 0, 150, "the quota released on suspend", interval=0.5)
+    wait_for(lambda: queue.gpus_in_use() == 0, 60, "the quota released on suspend", interval=0.5)
     cluster.wait_phase(namespace, "s", "Suspended", timeout=60)
     cluster.patch_spec(namespace, "s", {"runPolicy": {"suspend": False}})
-    wait_for(lambda: running(cluster, namespace, "s", 2), 300, "s Running again after the resume", interval=0.5)
+    wait_for(lambda: running(cluster, namespace, "s", 2), 120, "s Running again after the resume", interval=0.5)
     cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", "s")
-    wait_for(lambda: queue.gpus_in_use() == 0, 150, "the quota released on delete", interval=0.5)
-    wait_for(lambda: not cluster.pods(namespace, "s"), 180, "the pods gone, none stuck on Kueue's finalizer")
+    wait_for(lambda: queue.gpus_in_use() == 0, 60, "the quota released on delete", interval=0.5)
+    wait_for(lambda: not cluster.pods(namespace, "s"), 60, "the pods gone, none stuck on Kueue's finalizer")
 
 
 # ---------------------------------------------------------------------- real time: long queues, preemption chains

@@ -47,7 +47,10 @@ class Thief:
 
 
 @pytest.mark.parametrize("run", range(RUNS))
-def test_a_restart_due_while_the_lease_is_lost_happens_once_it_is_held_again(cluster, operator, namespace, run):
+def test_a_restart_due_while_the_lease_is_lost_happens_once_it_is_held_again(
+    cluster, short_lease_operator, namespace, run
+):
+    operator = short_lease_operator
     name = f"ps-{run}"
     cluster.create_job(namespace, name, ps_spec(backoffSeconds=BACKOFF_SECONDS))
     cluster.run_all(namespace, name, 4)

@@ -61,7 +61,8 @@ def test_job_creates_exactly_its_owned_children_and_runs(cluster, namespace):
     cluster.wait_event(namespace, "ps", "CreatedPods", "Normal")
 
 
-def test_operator_killed_mid_creation_converges_without_duplicates(cluster, namespace, operator):
+def test_operator_killed_mid_creation_converges_without_duplicates(cluster, short_lease_operator, namespace):
+    operator = short_lease_operator
     rng = random.Random(7)
     names = [f"kill-{i}" for i in range(4)]
     for name in names:

@@ -35,7 +35,8 @@ CONVERGE_SECONDS = 30
 # to the middle of a burst of restarts.
 LEAD_SECONDS = (0.0, 4.0)
 DEADLINE_SECONDS = 600  # the whole test; a run takes about KILLS x (lease expiry + LEAD_SECONDS)
-# Shorter still than the tier's: 20 takeovers are most of the test's time. A killed leader's lease expires in 2 s.
+# Shorter still than SHORT_LEASE_FLAGS: 20 takeovers are most of the test's time. A killed leader's lease expires
+# in 2 s.
 FLAGS = (*TEST_FLAGS, "--lease-duration", "2", "--renew-deadline", "1.5", "--retry-period", "0.25")
 MAX_FAILURES = 3  # per job, then only deletions: the backoff after a failure stays at most 4 s
 RESTART_EVERY = (1.0, 10.0)  # seconds from a job's last restart being carried out to its next

@@ -5,7 +5,7 @@ import time
 from kubetf.core import api
 from tests.cluster.fixture import wait_for
 
-from .conftest import Operator, replica
+from .conftest import SHORT_LEASE_FLAGS, Operator, replica
 
 SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1), "worker": replica(2)}}
 
@@ -14,8 +14,8 @@ def test_standby_takes_over_after_the_leader_is_sigkilled_with_no_duplicate_and_
     cluster, operator, namespace, tmp_path
 ):
     operator.stop()  # the tier's own operator gives the lease up; two fresh ones compete for it
-    first = Operator(cluster.kubeconfig, tmp_path / "first.log")
-    second = Operator(cluster.kubeconfig, tmp_path / "second.log")
+    first = Operator(cluster.kubeconfig, tmp_path / "first.log", flags=SHORT_LEASE_FLAGS)
+    second = Operator(cluster.kubeconfig, tmp_path / "second.log", flags=SHORT_LEASE_FLAGS)
     try:
         first.start(leader=True)
         second.start(leader=False)

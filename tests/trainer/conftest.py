@@ -20,6 +20,8 @@ sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
 from kubetf.cli.jobctl import progress_line  # noqa: E402
 
 
+# First: xdist's worker reads `xdist_group` in its own hook, and a marker added after it is never seen.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:

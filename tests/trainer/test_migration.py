@@ -83,7 +83,7 @@ def test_converted_tf1_between_graph_job_survives_a_lost_ps(local_run, tmp_path)
     assert worker_resumed["step"] >= 200, worker_resumed
     for label in ("worker-0", "worker-1"):
         (done,) = tf1_records(run.lines, label, "done")
-        assert done["step"] >= 2990
+        assert done["step"] >= 3000
     assert run.lines[-1].endswith("job succeeded (failures 0, disruptions 1)")
 
 

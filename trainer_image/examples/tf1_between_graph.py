@@ -47,6 +47,21 @@ class SessionHook(tf.compat.v1.train.SessionRunHook):
         say("session" if self.sessions == 1 else "resumed", self.task, step=step)
 
 
+class StopAtStep(tf.compat.v1.train.StopAtStepHook):
+    """StopAtStepHook that keeps the global step it stopped on. With asynchronous updates the step a worker
+    fetched with its train op may be behind the variable: the stop is decided on a fresh read of it, which is
+    the one to report."""
+
+    def __init__(self, last_step, global_step):
+        super().__init__(last_step=last_step)
+        self.global_step, self.stopped_at = global_step, None
+
+    def after_run(self, run_context, run_values):
+        super().after_run(run_context, run_values)
+        if run_context.stop_requested and self.stopped_at is None:
+            self.stopped_at = int(run_context.session.run(self.global_step))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-steps", type=int, default=3000, help="global steps, over all workers")
@@ -96,6 +111,7 @@ def main(argv=None) -> int:
     say("start", task, chief=is_chief, checkpoint=tf.train.latest_checkpoint(args.checkpoint_dir) if is_chief else None)
     rng = np.random.default_rng(task_index + (100 if task_type == "chief" else 0))
     step = None
+    stop = StopAtStep(args.train_steps, global_step)
     with tf.compat.v1.train.MonitoredTrainingSession(
         master=server.target,
         is_chief=is_chief,
@@ -104,7 +120,7 @@ def main(argv=None) -> int:
         save_summaries_steps=None,
         save_summaries_secs=None,
         log_step_count_steps=None,
-        hooks=[tf.compat.v1.train.StopAtStepHook(last_step=args.train_steps), SessionHook(task, global_step)],
+        hooks=[stop, SessionHook(task, global_step)],
         config=config,
     ) as session:
         while not session.should_stop():
@@ -115,7 +131,7 @@ def main(argv=None) -> int:
             )
             if last is None or step // args.log_steps != last // args.log_steps:
                 say("progress", task, step=int(step), loss=float(loss_value), accuracy=float(accuracy_value))
-    say("done", task, step=int(step or 0))
+    say("done", task, step=stop.stopped_at if stop.stopped_at is not None else int(step or 0))
     return 0
 
 

@@ -42,8 +42,8 @@ class Observer:
 
     def observe(self, key: Key, sigterm: Mapping[str, Watched]) -> Observed:
         job, pods, now = self.store.job(key), self.store.job_pods(key), self.clock()
-        ended = job is None or (kueue.managed_here(job) and (api.run_policy(job).get("suspend") or _finished(job)))
-        workloads = self.store.workloads_of(*key) if ended else []
+        ended = job is None or (kueue.managed_here(job) and _stopped(job))
+        workloads = self.store.workloads_of(*key) if ended else []  # what kueue.orphaned reads
         return Observed(
             job, pods, now, self._lost_nodes(pods, now), self._admission(job, now), sigterm, workloads=workloads
         )
@@ -70,7 +70,7 @@ class Observer:
         """What Kueue says of a queued job that has not ended: its LocalQueue and its group's Workload (watched),
         and its place in the ClusterQueue (kubetf.runtime.positions)."""
         queue = kueue.queue_name(job) if job is not None else None
-        if job is None or queue is None or api.run_policy(job).get("suspend") or _finished(job):
+        if job is None or queue is None or _stopped(job):
             return None
         namespace, group = api.namespace(job), kueue.group_name(job)
         cluster_queue = self.store.local_queue(namespace, queue)
@@ -123,5 +123,6 @@ class Observer:
         return node_loss.lost_since(found, now, self.config.node_monitor_grace + self.config.node_monitor_period)
 
 
-def _finished(job: dict[str, Any]) -> bool:
-    return (job.get("status") or {}).get("phase") in st.FINISHED
+def _stopped(job: dict[str, Any]) -> bool:
+    """Suspended or finished: no pod of it is to run."""
+    return bool(api.run_policy(job).get("suspend")) or (job.get("status") or {}).get("phase") in st.FINISHED
