@@ -143,5 +143,12 @@ def wait_epoch(cluster: Cluster, namespace: str, pod: str, epoch: int, what: str
     )  # fmt: skip
 
 
+def columns(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
+    """`kubectl get tj NAME`'s columns by header (PHASE alone while the optional ones are empty)."""
+    out = cluster.kubectl("get", "tj", name, "-n", namespace).stdout.splitlines()
+    header, row = out[0].split(), out[1].split()
+    return dict(zip(header, row, strict=False)) if len(row) == len(header) else {"PHASE": row[1]}
+
+
 def elapsed(start: float) -> str:
     return f"{time.monotonic() - start:.1f}s"

@@ -7,7 +7,7 @@ import time
 
 from tests.cluster.fixture import wait_for
 
-from .conftest import OPERATOR_NAMESPACE
+from .conftest import OPERATOR_NAMESPACE, columns
 
 # An unchanged Keras `fit` program (no kubetf import): the image's sitecustomize makes it report. The callback only
 # slows it down so that it trains for a couple of minutes, long enough for status.progress to be written mid-run.
@@ -54,12 +54,6 @@ def program_job(program: str, workers: int = 1) -> dict:
         "strategy": "MultiWorkerMirrored",
         "replicaSpecs": {"worker": {"replicas": workers, "template": {"spec": {"containers": [container]}}}},
     }
-
-
-def columns(cluster, namespace: str, name: str) -> dict[str, str]:
-    out = cluster.kubectl("get", "tj", name, "-n", namespace).stdout.splitlines()
-    header, row = out[0].split(), out[1].split()
-    return dict(zip(header, row, strict=False)) if len(row) == len(header) else {"PHASE": row[1]}
 
 
 def scrape_leader(cluster) -> str:
