@@ -313,6 +313,12 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
         f"events, disruptions counted by the operator {sum(counted.values())}; jobs whose count differs "
         f"(counted, Kueue's): {wrong or 'none'}"
     )
+    for job in wrong:  # what each side said, in order: the operator's restarts and Kueue's words on the Workload
+        for event in sorted(job_events(cluster, namespace, job), key=lambda e: str(e.first_timestamp)):
+            out(
+                f"  {job}: {event.first_timestamp:%H:%M:%S} {event.involved_object.kind} {event.reason} "
+                f"x{event.count or 1}: {event.message}"
+            )
 
 
 def kueue_preemptions(cluster: Cluster, namespace: str) -> Counter:
@@ -324,6 +330,16 @@ def kueue_preemptions(cluster: Cluster, namespace: str) -> Counter:
             job = event.involved_object.name.rsplit("-", 1)[0]
             found[job] += max(event.count or 1, (event.series.count if event.series else 1) or 1)
     return found
+
+
+def job_events(cluster: Cluster, namespace: str, job: str) -> list:
+    """The events of the job and of its pod groups' Workloads (Kueue's), but the routine ones of pods."""
+    events = cluster.core.list_namespaced_event(namespace).items
+    return [
+        e for e in events
+        if e.involved_object.name == job
+        or (e.involved_object.kind == "Workload" and e.involved_object.name.rsplit("-", 1)[0] == job)
+    ]  # fmt: skip
 
 
 def running_now(cluster: Cluster, namespace: str, job: str) -> bool:
