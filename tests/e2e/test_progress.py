@@ -1,10 +1,15 @@
 """Progress on a real cluster: the installed chart's operator takes the reports of real TensorFlow pods (trainer
 image) through its Service, `kubectl get tj` shows PROGRESS and ETA while they train, /metrics has the job's
-gauges, and a program whose loss is NaN is TrainingUnhealthy while it goes on running."""
+gauges, a program whose loss is NaN is TrainingUnhealthy while it goes on running, and reports go on reaching the
+status when the leader's pod is killed and the standby takes over."""
 
 import re
 import time
 
+import pytest
+from kubernetes import client
+
+from kubetf.core import status as st
 from tests.cluster.fixture import wait_for
 
 from .conftest import OPERATOR_NAMESPACE, columns
@@ -37,6 +42,17 @@ from kubetf_trainer.report import report
 
 for step in range(1, 400):
     report(step=step, steps=400, metrics={"loss": float("nan") if step > 3 else 1.0})
+    time.sleep(0.5)
+"""
+
+
+# A program that reports without TensorFlow (the library's client alone): a step every half second for 40 s.
+STEPS_PROGRAM = """
+import time
+from kubetf_trainer.report import report
+
+for step in range(1, 81):
+    report(step=step, steps=80, metrics={"loss": 1.0 / step})
     time.sleep(0.5)
 """
 
@@ -115,3 +131,34 @@ def test_a_program_whose_loss_is_nan_is_unhealthy_and_goes_on_running(installed,
     assert f'kubetf_job_training_unhealthy{{job="nan",namespace="{namespace}",reason="LossNotFinite"}} 1.0' in (
         scrape_leader(cluster)
     )
+
+
+@pytest.mark.serial  # the installed operator's leader is killed: the other e2e tests would lose it meanwhile
+def test_reports_reach_the_status_across_a_leader_change(installed, namespace):
+    cluster = installed
+    cluster.create_job(namespace, "steps", program_job(STEPS_PROGRAM))
+    first = wait_for(lambda: (cluster.status(namespace, "steps").get("progress") or {}).get("step"), 120,
+                     "the first report written")  # fmt: skip
+    coordination = client.CoordinationV1Api(cluster.api_client)
+    leader = coordination.read_namespaced_lease("kubetf-operator", OPERATOR_NAMESPACE).spec.holder_identity
+    leader_pod = leader.rsplit("_", 1)[0]
+    cluster.core.delete_namespaced_pod(leader_pod, OPERATOR_NAMESPACE, grace_period_seconds=0)  # no lease release
+    killed = time.time()
+
+    def new_leader() -> str | None:
+        holder = coordination.read_namespaced_lease("kubetf-operator", OPERATOR_NAMESPACE).spec.holder_identity or ""
+        return holder if holder and not holder.startswith(f"{leader_pod}_") else None
+
+    standby = wait_for(new_leader, 60, "the standby to take the lease")
+    took_over = time.time()
+
+    def written_after_takeover() -> dict | None:
+        progress = cluster.status(namespace, "steps").get("progress") or {}
+        return progress if (st.parse_time(progress.get("lastReportTime")) or 0) > took_over else None
+
+    after = wait_for(written_after_takeover, 60, "a report written by the new leader")
+    print(f"\nleader {leader} killed at step {first}; {standby} led {took_over - killed:.1f}s later and wrote step "
+          f"{after['step']}")  # fmt: skip
+    assert after["step"] > first
+    status = cluster.wait_phase(namespace, "steps", "Succeeded", timeout=120)
+    assert (status["progress"]["step"], status["progress"]["summary"]) == (80, "100%"), status["progress"]
