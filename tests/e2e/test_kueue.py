@@ -230,9 +230,9 @@ def gated(cluster, namespace: str, job: str) -> bool:
     return bool(pods) and all(kueue.is_gated(p) for p in pods.values())
 
 
-def test_a_job_queued_twice_past_its_timeouts_is_then_admitted_and_succeeds(installed, namespace, queue):
+def test_a_job_queued_three_times_past_its_timeouts_is_then_admitted_and_succeeds(installed, namespace, queue):
     """Nothing that counts time counts the time in the queue: startupTimeoutSeconds and activeDeadlineSeconds are
-    both passed twice over while the job waits behind another, and it succeeds once admitted."""
+    both passed three times over while the job waits behind another, and it succeeds once admitted."""
     cluster = installed
     # Once admitted, the job must still start and end within both: its 2 pods took up to 15 s to run on a loaded
     # 2-core machine (CI run 25: DeadlineExceeded at 15 s), so 30 s.
@@ -244,7 +244,7 @@ def test_a_job_queued_twice_past_its_timeouts_is_then_admitted_and_succeeds(inst
     )
     cluster.wait_phase(namespace, "patient", "Queued", timeout=30)
     queued_at = time.monotonic()
-    while time.monotonic() - queued_at < 2 * timeout:  # watched the whole time: never Failed, never started
+    while time.monotonic() - queued_at < 3 * timeout:  # watched the whole time: never Failed, never started
         status = cluster.status(namespace, "patient")
         assert status.get("phase") == "Queued", status
         assert "startTime" not in status and status.get("queuedSince")
@@ -254,7 +254,7 @@ def test_a_job_queued_twice_past_its_timeouts_is_then_admitted_and_succeeds(inst
     print(f"\nqueued {time.monotonic() - queued_at:.0f}s with startupTimeoutSeconds=activeDeadlineSeconds={timeout}")
     assert status["restarts"]["total"] == 0
     created = cluster.job(namespace, "patient")["metadata"]["creationTimestamp"]
-    assert st.parse_time(status["startTime"]) - st.parse_time(created) >= 2 * timeout  # started when admitted
+    assert st.parse_time(status["startTime"]) - st.parse_time(created) >= 3 * timeout  # started when admitted
     assert status["activeSeconds"] < timeout
 
 

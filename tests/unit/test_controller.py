@@ -478,9 +478,15 @@ def test_namespace_patterns_list_everything_and_keep_only_what_they_match():
     assert OperatorConfig(namespaces=("a", "b")).list_scopes() == ("a", "b")
     assert OperatorConfig().list_scopes() == ("",) and OperatorConfig().serves("anything")
     shell = Shell(mwms(), namespaces=("it-*",))  # the job is in namespace team-a: not served
+    assert shell.controller.store.job_count() == 0 and shell.queued() == []  # its watch event is dropped
     restarted = Controller(shell.api, shell.controller.config, clock=lambda: shell.now)
     restarted.prime()
     assert restarted.store.job_count() == 0
+    from kubetf.runtime.runner import kopf_scope
+
+    # kopf watches every namespace for a pattern (it would miss one created while it lists them), named ones alone
+    assert kopf_scope(config) == (True, []) and kopf_scope(OperatorConfig()) == (True, [])
+    assert kopf_scope(OperatorConfig(namespaces=("a", "b"))) == (False, ["a", "b"])
 
 
 def test_a_kubelet_that_does_not_answer_holds_a_reconcile_for_the_log_timeout_only():

@@ -284,6 +284,8 @@ class Controller:
     # ------------------------------------------------------------------ watch events (called on kopf's loop: no I/O)
 
     def job_event(self, type_: str | None, job: Mapping[str, Any]) -> None:
+        if not self._serves(job):  # kopf watches every namespace when a pattern names them (runner)
+            return
         key = (api.namespace(dict(job)), api.name(dict(job)))
         if type_ is None:  # kopf's type for an object it listed rather than watched
             self._listed()
@@ -299,7 +301,7 @@ class Controller:
 
     def pod_event(self, type_: str | None, pod: Mapping[str, Any]) -> None:
         key = _pod_job(pod)
-        if key is None:
+        if key is None or not self._serves(pod):
             return
         if type_ is None:  # kopf's type for an object it listed rather than watched
             self._listed()
@@ -322,6 +324,8 @@ class Controller:
         """A Workload changed: its job is reconciled when what the decisions read of it changed (admitted, evicted,
         finished, a new pod among its owners)."""
         meta = workload.get("metadata") or {}
+        if not self._serves(workload):
+            return
         if type_ is None:  # kopf's type for an object it listed rather than watched
             self._listed()
         if type_ == "DELETED":
@@ -335,6 +339,8 @@ class Controller:
         """A LocalQueue appeared, went or changed its ClusterQueue: the jobs labelled with it are reconciled."""
         meta = queue.get("metadata") or {}
         namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+        if not self.config.serves(namespace):
+            return
         if type_ == "DELETED":
             changed = self.store.remove_local_queue(namespace, name)
         else:

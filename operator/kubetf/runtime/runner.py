@@ -89,19 +89,29 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
 
         elector.on_change = leadership
     threading.Thread(target=controller.run, args=(serving,), name="kubetf-start", daemon=True).start()
+    clusterwide, namespaces = kopf_scope(config)
     try:
         kopf.run(
             registry=handlers.registry(controller),
             settings=handlers.settings(),
             standalone=True,
-            clusterwide=not config.namespaces,
-            namespaces=list(config.namespaces),
+            clusterwide=clusterwide,
+            namespaces=namespaces,
         )
     finally:
         controller.stop()
         if elector is not None:
             elector.stop(release=True)
     return 0
+
+
+def kopf_scope(config: OperatorConfig) -> tuple[bool, list[str]]:
+    """kopf's (clusterwide, namespaces). Named namespaces are watched one by one; with a pattern (or none) every
+    namespace is, and the controller keeps what it serves. kopf resolves a pattern by listing namespaces twice (then
+    again to start its watch) and ignores those only the second list shows: a namespace created in between, at the
+    start or when that watch expires, would never be served."""
+    scopes = config.list_scopes()
+    return (True, []) if scopes == ("",) else (False, list(scopes))
 
 
 def _role(elector: LeaderElector | None, serving: threading.Event) -> str:
