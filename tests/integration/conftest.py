@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kubetf.core import api, config
 from tests.cluster import kwok
-from tests.cluster.fixture import wait_for
+from tests.cluster.fixture import KubeCluster, wait_for
 from tests.cluster.session import once, undo_at_end
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +72,10 @@ class Cluster:
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.ext = client.ApiextensionsV1Api(self.api_client)
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        """kubectl against this cluster, as a user types it (`kubectl get tj` shows the CRD's printer columns)."""
+        return KubeCluster(self.kubeconfig, local=False).kubectl(*args, check=check, timeout=timeout)
 
     @staticmethod
     def raw(response) -> Any:
