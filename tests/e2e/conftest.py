@@ -8,6 +8,7 @@ test_uninstall.py (marked serial: `make test` runs it after the rest) uninstalls
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -33,6 +34,23 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the installed operators' log lines about its namespace: CI prints only the
+    report, and the cluster, with the pods' logs, is gone after it."""
+    report = yield
+    fixtures = getattr(item, "funcargs", {})
+    cluster, namespace = fixtures.get("installed"), fixtures.get("namespace")
+    if report.failed and isinstance(cluster, Cluster) and isinstance(namespace, str):
+        with contextlib.suppress(Exception):  # the report is what matters; its extra section is best effort
+            for pod in cluster.core.list_namespaced_pod(OPERATOR_NAMESPACE).items:
+                lines = cluster.core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE).splitlines()
+                about = [line for line in lines if namespace in line][-100:]
+                if about:
+                    report.sections.append((f"operator {pod.metadata.name} log about {namespace}", "\n".join(about)))
+    return report
 
 
 def run(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:

@@ -316,7 +316,11 @@ def test_a_missing_image_says_image_pull_backoff_then_fails_after_the_startup_ti
     cluster = installed
     job = sample("mirrored")
     job["spec"]["replicaSpecs"]["chief"].pop("gpus")
-    job["spec"]["replicaSpecs"]["chief"]["template"]["spec"]["containers"][0]["image"] = "kubetf/missing:0.0.1"
+    container = job["spec"]["replicaSpecs"]["chief"]["template"]["spec"]["containers"][0]
+    container["image"] = "kubetf/missing:0.0.1"
+    # Scheduled at once, however busy the node: with the sample's 1 CPU it waited Unschedulable behind the other
+    # tests' TensorFlow pods until its startup timeout, and never reached the image pull (CI run 28).
+    container["resources"] = {"requests": {"cpu": "10m", "memory": "32Mi"}}
     job["spec"]["runPolicy"] = {"startupTimeoutSeconds": 40}
     create(cluster, namespace, job)
     reasons = set()

@@ -525,3 +525,53 @@ def test_a_deleted_jobs_sigterm_watch_and_deferred_reconcile_are_dropped():
     shell.controller.reconcile(shell.key)
     assert shell.key not in shell.controller.executor.sigterm
     assert shell.key not in shell.controller.expectations.deferred
+
+
+def ps_on_a_lost_node() -> Shell:
+    """A running ParameterServer job whose ps node stopped reporting and whose ps the taint manager evicts."""
+    shell = Shell(job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1))).running()
+    shell.queued()
+    ps = shell.api.pods["mnist-ps-0"]
+    ps["spec"]["nodeName"] = "spot-3"
+    shell.api.lost_nodes["spot-3"] = shell.now - 60
+    ps["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager", "message": "Taint manager"}
+    ]
+    ps["metadata"]["deletionTimestamp"] = "2030-01-01T00:00:00Z"  # its kubelet will never confirm
+    shell.api.update_pod("mnist-ps-0")
+    shell.api.deliver(shell.controller)
+    return shell
+
+
+def test_a_force_deleted_pod_leaves_the_cache_at_once_and_its_job_is_decided_again():
+    """CI run 27: the ps on a lost node is force-deleted with the chief's graceful deletion; the chief's deletion
+    was seen first and its reconcile still found the ps cached: it waited for the ps, and the ps's DELETED event,
+    handled after the reconcile had removed it on a 404, brought nothing back. A forced pod is gone at once."""
+    shell = ps_on_a_lost_node()
+    plan = shell.controller.reconcile(shell.key)
+    assert [p["metadata"]["name"] for p in plan.force_delete] == ["mnist-ps-0"]
+    assert [p["metadata"]["name"] for p in plan.delete] == ["mnist-chief-0"]
+    assert shell.queued() == [(shell.key, URGENT)]  # decided again without the ps
+    events, shell.api.events = shell.api.events, []  # the ps's DELETED event is late
+    shell.api.remove_pod("mnist-chief-0")  # the chief ends, and that is all the watch has shown so far
+    shell.api.deliver(shell.controller)
+    plan = shell.controller.reconcile(shell.key)
+    assert sorted(p["metadata"]["name"] for p in plan.create) == ["mnist-chief-0", "mnist-ps-0"]
+    shell.api.events = events + shell.api.events
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    assert shell.controller.reconcile(shell.key).create == []  # the late event changes nothing
+
+
+def test_a_pod_found_already_gone_when_deleted_brings_its_job_back():
+    """A pod the plan deletes was gone already (its DELETED event not handled yet): the plan was made with it, and
+    its event, once handled, finds nothing to remove, so the job is decided again at once."""
+    shell = Shell(mwms()).running()
+    shell.queued()
+    shell.api.remove_pod("mnist-worker-1")  # a lost worker: the whole group restarts
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    shell.api.pods.pop("mnist-chief-0")  # gone meanwhile, its event not delivered
+    plan = shell.controller.reconcile(shell.key)
+    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-chief-0", "mnist-worker-0"]
+    assert shell.queued() == [(shell.key, URGENT)]

@@ -110,13 +110,20 @@ class Executor:
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
             if not self.store.still_there(key, name, uid):
                 self.expectations.observe(key, name, uid, gone=True)
-        for pod in self.kube.delete_pods(plan.delete, grace_seconds=plan.grace):  # gone: no DELETED event may come
+        gone = self.kube.delete_pods(plan.delete, grace_seconds=plan.grace)
+        forced_gone = self.kube.delete_pods(plan.force_delete, grace_seconds=0)
+        # A forced pod without finalizers is gone at once: a reconcile that runs before its DELETED event must not
+        # find it cached and wait for it (CI run 27: a lost ps was never replaced).
+        gone += forced_gone + [
+            p for p in plan.force_delete if not p["metadata"].get("finalizers") and not any(p is g for g in forced_gone)
+        ]
+        for pod in gone:  # already gone: their DELETED events, handled or to come, will not bring the job back
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
             self.store.remove_pod(key, name, uid)
             self.expectations.observe(key, name, uid, gone=True)
-        for pod in self.kube.delete_pods(plan.force_delete, grace_seconds=0):
-            self.store.remove_pod(key, pod["metadata"]["name"], pod["metadata"]["uid"])
-        # Their DELETED events bring the job back for the replacements (or, ended, for its Workload).
+        if gone:  # this plan took them for present: decide again without them
+            self.queue.add(key, URGENT)
+        # The DELETED events of the others bring the job back for the replacements (or, ended, for its Workload).
         self._for_kueue(key, [], plan.release, plan.delete_workloads)
 
     def _for_kueue(
