@@ -272,7 +272,7 @@ class Cluster:
             pods = self.live_pods(namespace, job)
             return pods if predicate(pods) else None
 
-        return wait_for(check, timeout, what)
+        return wait_for(check, timeout, lambda: f"{what}: {self.describe(namespace, job)}")
 
     def run_all(self, namespace: str, job: str, count: int) -> None:
         pods = self.wait_pods(namespace, job, lambda p: len(p) == count, f"{count} live pods of {job}", 20)

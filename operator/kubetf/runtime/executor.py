@@ -156,6 +156,9 @@ class Executor:
     def _post(self, job: dict[str, Any], events: list[Event], start: int) -> int:
         """Post `events[start:]`; returns how many are posted."""
         for event in events[start:]:
+            # The decisions, in the operator's log too: what it did to a job, next to what it logs of its own state.
+            log.info("%s/%s: %s %s", job["metadata"].get("namespace"), job["metadata"]["name"], event.reason,
+                     event.message)  # fmt: skip
             self.kube.event(job, event.type, event.reason, event.message)
         return len(events)
 
