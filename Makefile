@@ -87,7 +87,7 @@ test: venv tools ## every test tier, each stage timed, then one table (tiers, st
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	@$(call stage,lint,$(MAKE) --no-print-directory lint)
 	@$(call stage,unit,$(MAKE) --no-print-directory test-unit)
-	@# TensorFlow on local processes (two at a time) beside the integration tier, which mostly waits
+	@# TensorFlow on local processes (one at a time) beside the integration tier, which mostly waits
 	@$(call stage,trainer + integration (parallel),$(PYTEST) $(XDIST) -m "trainer or (integration and not serial)" \
 		tests/trainer tests/integration $(call junit,trainer-integration))
 	@$(call stage,images,$(MAKE) --no-print-directory images)

@@ -27,10 +27,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.trainer)
-            # Two TensorFlow jobs at a time, one per core, beside the API-bound integration tests (xdist): the
-            # migrated programs' module and the rest, of about equal length (one at a time: the stage's longest path).
-            group = "migration" if Path(str(item.fspath)).stem == "test_migration" else "training"
-            item.add_marker(pytest.mark.xdist_group(f"tensorflow-{group}"))
+            # One TensorFlow job at a time (they use both cores), beside the API-bound integration tests (xdist).
+            # Two at a time saved 14-25 s of the stage (CI runs 25, 27, 28) and starved the integration operators.
+            item.add_marker(pytest.mark.xdist_group("tensorflow-local"))
 
 
 def child_env(**extra: str) -> dict[str, str]:
