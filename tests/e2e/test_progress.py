@@ -92,7 +92,7 @@ def test_an_unchanged_fit_program_shows_progress_and_a_falling_eta_in_kubectl_ge
     while time.monotonic() < deadline:
         status = cluster.status(namespace, "fit")
         row = columns(cluster, namespace, "fit")
-        if row.get("PROGRESS", "<none>") != "<none>" and (row["PROGRESS"], row.get("ETA")) not in seen:
+        if row.get("PROGRESS") and (row["PROGRESS"], row.get("ETA")) not in seen:
             seen.append((row["PROGRESS"], row.get("ETA", "")))
         eta = (status.get("progress") or {}).get("etaSeconds")
         if status.get("phase") == "Running" and isinstance(eta, int) and (not etas or eta != etas[-1]):

@@ -18,7 +18,18 @@ from kubernetes import client
 
 from tests.cluster.fixture import wait_for
 
-from .conftest import OPERATOR_NAMESPACE, ROOT, columns, create, elapsed, progress, sample, wait_epoch, wait_progress
+from .conftest import (
+    OPERATOR_NAMESPACE,
+    ROOT,
+    columns,
+    create,
+    elapsed,
+    progress,
+    sample,
+    table_row,
+    wait_epoch,
+    wait_progress,
+)
 
 SCREENSHOTS = ROOT / ".test-results"
 
@@ -37,11 +48,10 @@ class Columns(threading.Thread):
     def run(self) -> None:
         while not self.stopping.wait(1):
             result = self.cluster.kubectl("get", "tj", self.name, "-n", self.namespace, check=False)
-            lines = result.stdout.splitlines()
-            if result.returncode == 0 and len(lines) == 2 and len(lines[0].split()) == len(lines[1].split()):
-                row = dict(zip(lines[0].split(), lines[1].split(), strict=True))
+            if result.returncode == 0 and len(result.stdout.splitlines()) == 2:
+                row = table_row(result.stdout)
                 shown = (row.get("PROGRESS", ""), row.get("ETA", ""))
-                if shown[0] not in ("", "<none>") and shown not in self.shown[-1:]:
+                if shown[0] and shown not in self.shown[-1:]:
                     self.shown.append(shown)
             try:
                 status = (self.cluster.job(self.namespace, self.name) or {}).get("status") or {}

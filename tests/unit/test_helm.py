@@ -402,6 +402,8 @@ def test_operator_deployment() -> None:
         "8090",
         "--progress-url",
         "http://kubetf-progress.kubetf-system.svc:8090/v1/progress",
+        "--progress-write-seconds",
+        "30",
     ]
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}

@@ -106,6 +106,9 @@ class ReportingMixin:
             if _last_step is None and self._kt_spe is not None:  # the process's first fit (maybe a resumed one)
                 self._kt_base = self._kt_epoch * self._kt_spe
             self._kt_steps_before = self._kt_base
+            # The first report's rate counts from here: the status shows an ETA from the first report on (one
+            # status write per 30 s may be all a short job gets before its end).
+            self._kt_last = (self._kt_base, time.monotonic())
         elif self._kt_spe is not None:
             self._kt_steps_before = self._kt_base + (self._kt_epoch - self._kt_first_epoch) * self._kt_spe
 
