@@ -77,7 +77,8 @@ class TensorBoard:
             text=True,
         )
         self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -99,6 +100,7 @@ class TensorBoard:
     def stop(self) -> str:
         self.process.send_signal(signal.SIGINT)
         self.process.wait(60)
+        self.reader.join(10)  # what it printed last, up to its exit
         return "\n".join(self.lines)
 
 
@@ -108,26 +110,30 @@ RUN_COLOUR = (66, 80, 102)
 LINE_PIXELS = 450
 
 
-def chart_pixels(url: str, tag: str, screenshot: Path) -> int:
-    """Headless Chromium's screenshot of TensorBoard's page for `tag` (kept); the pixels of the run's colour on it.
-    SVG, not WebGL: headless Chromium has no GPU to draw WebGL lines with."""
+def chart_pixels(url: str, tag: str, screenshot: Path, within: float = 120) -> int:
+    """Headless Chromium's screenshot of TensorBoard's page for `tag` (kept), taken again until it shows a line (the
+    card may be drawn before its data came through the port-forward) or `within` seconds passed; the pixels of the
+    run's colour on the last one. SVG, not WebGL: headless Chromium has no GPU to draw WebGL lines with."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         pytest.fail("chromium not found: apt-get install chromium (make tools installs it)")
     page = f"{url}?forceSVG=true&tagFilter={urllib.parse.quote(tag)}#timeseries"
     screenshot.parent.mkdir(parents=True, exist_ok=True)
-    # Virtual time waits for the page's requests: the page is drawn, however slow the port-forward.
-    subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1000",
-         "--virtual-time-budget=30000", f"--screenshot={screenshot}", page],
-        capture_output=True, timeout=180, check=True,
-    )  # fmt: skip
     from PIL import Image
 
-    with Image.open(screenshot) as image:
-        data = image.convert("RGB").tobytes()
-    pixels = zip(data[0::3], data[1::3], data[2::3], strict=True)
-    return sum(1 for pixel in pixels if sum(abs(c - r) for c, r in zip(pixel, RUN_COLOUR, strict=True)) <= 24)
+    deadline = time.monotonic() + within
+    while True:
+        subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1000",
+             "--virtual-time-budget=30000", f"--screenshot={screenshot}", page],
+            capture_output=True, timeout=180, check=True,
+        )  # fmt: skip
+        with Image.open(screenshot) as image:
+            data = image.convert("RGB").tobytes()
+        pixels = zip(data[0::3], data[1::3], data[2::3], strict=True)
+        drawn = sum(1 for pixel in pixels if sum(abs(c - r) for c, r in zip(pixel, RUN_COLOUR, strict=True)) <= 24)
+        if drawn > LINE_PIXELS or time.monotonic() > deadline:
+            return drawn
 
 
 def reader_pod(cluster, namespace, claim, command):

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+from kubernetes import client
 from kubernetes.stream import portforward
 
 from kubetf.cli.jobctl import JobError
@@ -107,6 +108,7 @@ def run(kube: Kube, namespace: str, name: str, local_port: int, image: str | Non
         with contextlib.suppress(Exception):
             _delete(kube, namespace, pod_name)
             out.write(f"deleted pod {pod_name}\n")
+            out.flush()  # before the port-forward threads go down with the interpreter
 
 
 def _delete(kube: Kube, namespace: str, pod_name: str) -> None:
@@ -131,8 +133,11 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 def _forward(kube: Kube, namespace: str, pod_name: str, connection: socket.socket) -> None:
-    """One local connection, relayed to the pod's port through its own port-forward stream."""
-    forward = portforward(kube.core.connect_get_namespaced_pod_portforward, pod_name, namespace, ports=str(PORT))
+    """One local connection, relayed to the pod's port through its own port-forward stream, on an API client of its
+    own: the client's stream functions swap its request method for a websocket one while they run, and a call made
+    meanwhile on the shared client (the pod's deletion at Ctrl-C) went through it and failed."""
+    own = client.CoreV1Api(client.ApiClient(kube.core.api_client.configuration))
+    forward = portforward(own.connect_get_namespaced_pod_portforward, pod_name, namespace, ports=str(PORT))
     remote = forward.socket(PORT)
     remote.setblocking(True)
 
