@@ -37,6 +37,7 @@ from pathlib import Path
 
 from kubernetes import client
 
+from kubetf.core import api
 from kubetf.core import progress as pg
 from kubetf.core.status import parse_time
 from tests.bench.common import percentile
@@ -194,7 +195,7 @@ def main() -> None:
         state.wait_quiet(process, timeout=600)
         out(f"{args.jobs} jobs of one worker Running in {time.monotonic() - start:.0f}s (kwok, {nodes} fake nodes)")
         pods = {
-            p["metadata"]["labels"]["kubetf.io/job"]: p
+            p["metadata"]["labels"][api.LABEL_JOB]: p
             for p in cluster.raw(cluster.core.list_namespaced_pod(namespace, _preload_content=False))["items"]
             if not p["metadata"].get("deletionTimestamp")
         }
