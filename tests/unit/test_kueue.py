@@ -138,7 +138,7 @@ def test_the_cache_keeps_kueues_marks_and_a_pod_ungated_needs_a_reconcile():
         "status": {"phase": "Pending"},
     }
     slim = slim_pod(pod)
-    assert slim["metadata"]["finalizers"] == [kueue.FINALIZER]
+    assert slim["metadata"]["finalizers"] == [kueue.FINALIZER, "other"]  # any one: a forced deletion waits for it
     assert slim["metadata"]["annotations"] == {kueue.RETRIABLE_ANNOTATION: "false"}
     assert kueue.is_gated(slim)
     ungated = {**pod, "spec": {**pod["spec"], "schedulingGates": []}}
