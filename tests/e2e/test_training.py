@@ -28,7 +28,6 @@ from .conftest import (
     sample,
     table_row,
     wait_epoch,
-    wait_progress,
 )
 
 SCREENSHOTS = ROOT / ".test-results"
@@ -283,37 +282,27 @@ def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model
 def test_parameter_server_job_with_evaluator_succeeds_and_a_deleted_worker_is_recreated_alone(installed, namespace):
     cluster = installed
     job = sample("ps-training")
-    # The evaluator is a sidecar: the chief's success stops it. 8 epochs, not the sample's 4, so that a slow
-    # evaluator start on a loaded machine still finds training under way (CI: 4 epochs ended before its first).
+    # 8 epochs, not the sample's 4: the worker deleted after the first one is seen gone while training goes on.
     for spec in job["spec"]["replicaSpecs"].values():
         args = spec["template"]["spec"]["containers"][0]["args"]
         args[args.index("--epochs") + 1] = "8"
     create(cluster, namespace, job)
     wait_epoch(cluster, namespace, "ps-training-chief-0", 1, "a first epoch", timeout=300)
-    first = wait_progress(
-        cluster, namespace, "ps-training-evaluator-0", lambda rs: any(r["kubetf"] == "eval" for r in rs),
-        "the evaluator's first evaluation while the job trains", timeout=300,
-    )  # fmt: skip
-    assert cluster.status(namespace, "ps-training").get("phase") == "Running"
     before = {n: p["metadata"]["uid"] for n, p in cluster.live_pods(namespace, "ps-training").items()}
     cluster.delete_pod(cluster.pods(namespace, "ps-training")["ps-training-worker-1"])
-    evals = [r for r in first if r["kubetf"] == "eval"]
-
-    def succeeded():
-        evals.extend(
-            r
-            for r in progress(cluster, namespace, "ps-training-evaluator-0")
-            if r["kubetf"] == "eval" and r not in evals
-        )
-        return cluster.status(namespace, "ps-training").get("phase") == "Succeeded"
-
-    wait_for(succeeded, 900, "ps-training to succeed", interval=1.0)
-    status = cluster.status(namespace, "ps-training")
+    status = cluster.wait_phase(namespace, "ps-training", "Succeeded", timeout=900)
     assert status["restarts"]["disruptions"] == 1
     assert status["tasks"]["worker-1"]["attempt"] == 1
     assert all(status["tasks"][t]["attempt"] == 0 for t in ("chief-0", "worker-0", "ps-0", "evaluator-0"))
     assert "ps-training-worker-1" in before
-    assert [r["epoch"] for r in evals] == sorted({r["epoch"] for r in evals}), evals  # each checkpoint once, in order
+    # The evaluator, a sidecar, may start after training is over (TensorFlow's import is slow on a loaded node):
+    # the job's success leaves it evaluatorGraceSeconds to evaluate every checkpoint, the last one too, and exit.
+    wait_for(
+        lambda: cluster.pods(namespace, "ps-training")["ps-training-evaluator-0"]["status"]["phase"] == "Succeeded",
+        120, "the evaluator to exit on its own after its last evaluation",
+    )  # fmt: skip
+    evals = [r["epoch"] for r in progress(cluster, namespace, "ps-training-evaluator-0") if r["kubetf"] == "eval"]
+    assert evals == list(range(1, 9)), evals  # each checkpoint once, in order, the final one included
     # ps and workers never exit by themselves: cleanPodPolicy Running stopped them.
     wait_for(
         lambda: all(p["status"]["phase"] != "Running" for p in cluster.live_pods(namespace, "ps-training").values()),

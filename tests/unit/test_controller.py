@@ -563,6 +563,17 @@ def test_a_force_deleted_pod_leaves_the_cache_at_once_and_its_job_is_decided_aga
     assert shell.controller.reconcile(shell.key).create == []  # the late event changes nothing
 
 
+def test_a_force_deleted_pod_with_a_finalizer_stays_cached_until_it_is_gone():
+    shell = ps_on_a_lost_node()
+    shell.api.pods["mnist-ps-0"]["metadata"]["finalizers"] = ["example.com/backup"]
+    shell.api.update_pod("mnist-ps-0")
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    plan = shell.controller.reconcile(shell.key)
+    assert [p["metadata"]["name"] for p in plan.force_delete] == ["mnist-ps-0"]
+    assert "mnist-ps-0" in shell.api.pods and shell.queued() == []  # still there: its removal brings the job back
+
+
 def test_a_pod_found_already_gone_when_deleted_brings_its_job_back():
     """A pod the plan deletes was gone already (its DELETED event not handled yet): the plan was made with it, and
     its event, once handled, finds nothing to remove, so the job is decided again at once."""

@@ -138,7 +138,7 @@ def test_the_cache_keeps_kueues_marks_and_a_pod_ungated_needs_a_reconcile():
         "status": {"phase": "Pending"},
     }
     slim = slim_pod(pod)
-    assert slim["metadata"]["finalizers"] == [kueue.FINALIZER]
+    assert slim["metadata"]["finalizers"] == [kueue.FINALIZER, "other"]  # any one: a forced deletion waits for it
     assert slim["metadata"]["annotations"] == {kueue.RETRIABLE_ANNOTATION: "false"}
     assert kueue.is_gated(slim)
     ungated = {**pod, "spec": {**pod["spec"], "schedulingGates": []}}
@@ -280,9 +280,11 @@ def test_success_marks_every_pod_unretriable_so_kueue_finishes_the_workload():
     assert sim.status["phase"] == "Succeeded"
     assert sorted(p["metadata"]["name"] for p in plan.unretriable) == sorted(sim.pods)
     assert all(p["metadata"]["annotations"][kueue.RETRIABLE_ANNOTATION] == "false" for p in sim.pods.values())
-    terminate(sim)  # the ps, workers and evaluator stop; the operator does not wait for Kueue to let them go
+    terminate(sim)  # the ps and workers stop; the operator does not wait for Kueue to let them go
+    sim.exit("mnist-evaluator-0", 0)  # its last evaluation done, within its grace
     sim.step()
-    assert sorted(sim.pods) == ["mnist-chief-0"]  # kept (cleanPodPolicy Running): Kueue finalizes it
+    # kept (cleanPodPolicy Running): Kueue finalizes them
+    assert sorted(sim.pods) == ["mnist-chief-0", "mnist-evaluator-0"]
     sim.step()
     assert sim.api.calls.count("mark unretriable") == 5
 

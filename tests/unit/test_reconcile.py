@@ -282,10 +282,39 @@ def test_chief_success_stops_the_rest_and_never_reruns_completed_workers():
     plan = sim.step()
     assert sim.status["phase"] == "Succeeded"
     assert sim.condition()["message"] == "mnist-chief-0 exited 0"
-    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-evaluator-0", "mnist-ps-0", "mnist-worker-1"]
+    # The evaluator may still be evaluating the last checkpoint: it gets evaluatorGraceSeconds (test below).
+    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-ps-0", "mnist-worker-1"]
     sim.gone()
+    sim.exit("mnist-evaluator-0", 0)
     plan = sim.step(100)
     assert plan.create == [] and plan.delete == []
+
+
+def test_a_succeeded_jobs_evaluator_finishes_its_last_evaluation_within_its_grace_then_is_stopped():
+    for ends_by_itself in (True, False):
+        sim = started(ps_job(evaluatorGraceSeconds=60))
+        sim.exit("mnist-chief-0", 0)
+        plan = sim.step()
+        assert sim.status["phase"] == "Succeeded"
+        assert "mnist-evaluator-0" not in [p["metadata"]["name"] for p in plan.delete]
+        assert plan.requeue_at == T0 + 60  # the grace's own timer
+        assert sim.status["replicaStatuses"]["evaluator"]["active"] == 1
+        sim.gone()
+        if ends_by_itself:
+            sim.exit("mnist-evaluator-0", 0)
+        plan = sim.step(60)
+        assert sim.status["phase"] == "Succeeded"
+        stopped = [p["metadata"]["name"] for p in plan.delete]
+        assert stopped == ([] if ends_by_itself else ["mnist-evaluator-0"])
+        assert sim.status["replicaStatuses"]["evaluator"]["active"] == 0
+
+
+def test_a_failed_jobs_evaluator_is_stopped_at_once():
+    sim = started(ps_job(backoffLimit=0))
+    sim.exit("mnist-chief-0", 1)
+    plan = sim.step()
+    assert sim.status["phase"] == "Failed"
+    assert "mnist-evaluator-0" in [p["metadata"]["name"] for p in plan.delete]
 
 
 def test_mwms_group_restart_reruns_a_worker_that_had_already_finished():
@@ -309,9 +338,10 @@ def test_a_finished_job_counts_only_the_pods_it_keeps():
     sim = started(ps_job())
     assert sim.status["ready"] == "5/5"
     sim.exit("mnist-chief-0", 0)
+    sim.exit("mnist-evaluator-0", 0)
     sim.step()
     assert sim.status["phase"] == "Succeeded"
-    # cleanPodPolicy Running deletes the ps, the workers and the evaluator: nothing is active or ready any more.
+    # cleanPodPolicy Running deletes the ps and the workers: nothing is active or ready any more.
     assert sim.status["ready"] == "0/5"
     assert sim.status["replicaStatuses"]["worker"] == {"active": 0, "ready": 0, "succeeded": 0, "failed": 0}
     assert sim.status["replicaStatuses"]["chief"]["succeeded"] == 1
@@ -477,6 +507,7 @@ def test_clean_pod_policy_none_and_all():
     ):
         sim = started(ps_job(cleanPodPolicy=policy))
         sim.exit("mnist-chief-0", 0)
+        sim.exit("mnist-evaluator-0", 0)  # done with the last checkpoint (else it gets its grace)
         plan = sim.step()
         assert sorted(p["metadata"]["name"] for p in plan.delete) == expected
 

@@ -250,6 +250,7 @@ def test_defaults_come_from_the_crd():
         "suspend": False,
         "nodeLossTimeoutSeconds": 30,
         "forceDeleteOnNodeLoss": True,
+        "evaluatorGraceSeconds": 120,
     }
 
 

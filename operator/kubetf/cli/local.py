@@ -172,7 +172,7 @@ class LocalJob:
         path_map: dict[str, str] | None = None,
         python: str | None = None,
         grace_seconds: float = 10.0,
-        evaluator_timeout: float = 120.0,
+        evaluator_timeout: float | None = None,
         backoff_scale: float = 1.0,
         extra_env: dict[str, str] | None = None,
         out: TextIO | None = None,
@@ -183,7 +183,9 @@ class LocalJob:
         self.path_map = default_path_map() if path_map is None else path_map
         self.python = python or sys.executable
         self.grace_seconds = grace_seconds
-        self.evaluator_timeout = evaluator_timeout
+        self.evaluator_timeout = (
+            api.run_policy(job).get("evaluatorGraceSeconds", 120) if evaluator_timeout is None else evaluator_timeout
+        )
         self.backoff_scale = backoff_scale
         self.extra_env = extra_env or {}
         self.out = out or sys.stdout
@@ -518,8 +520,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--evaluator-timeout",
         type=float,
-        default=120.0,
-        help="after success, how long the evaluator may take to finish",
+        default=None,
+        help="after success, how long the evaluator may take to finish (default: the job's evaluatorGraceSeconds)",
     )
     parser.add_argument(
         "--backoff-scale", type=float, default=1.0, help="multiply the failure backoff (0 restarts failures at once)"

@@ -63,9 +63,10 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     ]
     if controller:
         slim_meta["ownerReferences"] = controller[:1]  # tells a previous job's pods from this one's
-    # Kueue's marks (kubetf.core.kueue): its finalizer, the retriable-in-group annotation, its admission gate.
-    if kueue.FINALIZER in (meta.get("finalizers") or []):
-        slim_meta["finalizers"] = [kueue.FINALIZER]
+    # Finalizers: Kueue's (kubetf.core.kueue), and whether a forced deletion removes the pod at once (executor).
+    if meta.get("finalizers"):
+        slim_meta["finalizers"] = list(meta["finalizers"])
+    # Kueue's other marks: the retriable-in-group annotation, its admission gate.
     retriable = (meta.get("annotations") or {}).get(kueue.RETRIABLE_ANNOTATION)
     if retriable is not None:
         slim_meta["annotations"] = {kueue.RETRIABLE_ANNOTATION: retriable}

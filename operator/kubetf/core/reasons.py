@@ -119,7 +119,8 @@ OPERATOR: dict[str, Reason] = {
     "Succeeded": Reason(
         "condition (Succeeded), Normal event",
         "The chief (or worker 0 without a chief; every chief and worker with `successPolicy: AllWorkers`) exited "
-        "0; `cleanPodPolicy` stops what still runs.",
+        "0; `cleanPodPolicy` stops what still runs (an evaluator after `evaluatorGraceSeconds`, to finish its last "
+        "evaluation).",
         "Nothing: the model is where the program saved it.",
     ),
     "Suspended": Reason(

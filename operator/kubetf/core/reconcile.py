@@ -333,10 +333,15 @@ def _finish(d: _Decision, pods: list[Pod]) -> None:
 
 
 def _finished(d: _Decision, pods: list[Pod]) -> None:
-    """Stop what the cleanPodPolicy says, then wait for the TTL."""
+    """Stop what the cleanPodPolicy says, then wait for the TTL. A succeeded job's evaluator, a sidecar that may
+    still be evaluating the last checkpoint, gets evaluatorGraceSeconds to finish on its own first."""
     clean = api.run_policy(d.job)["cleanPodPolicy"]
+    grace = timers.evaluator_grace_due(d.job, d.status)
     for pod in pods:
         if st.is_deleting(pod) or clean == "None" or any(pod is p for p in d.plan.delete):
+            continue
+        if grace is not None and d.now < grace and _is_running_evaluator(pod):
+            d.plan.wake_at(grace)
             continue
         if clean == "All" or not st.is_finished(pod):
             d.plan.delete.append(pod)
@@ -346,6 +351,11 @@ def _finished(d: _Decision, pods: list[Pod]) -> None:
     due = timers.ttl_due(d.job, d.status)
     d.plan.delete_job = due is not None and d.now >= due
     d.plan.wake_at(due if not d.plan.delete_job else None)
+
+
+def _is_running_evaluator(pod: Pod) -> bool:
+    task = st.pod_task(pod)
+    return task is not None and task[0] == "evaluator" and not st.is_finished(pod)
 
 
 def _store_tasks(status: dict[str, Any], views: dict[str, TaskView]) -> None:

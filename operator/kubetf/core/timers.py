@@ -9,8 +9,8 @@ waiting in a queue or suspended never counts, however long:
 - `startupTimeoutSeconds`: per pod, from the moment it may start: its creation, or the job's latest admission when
   that came later. A pod gated by Kueue while the job waits counts nothing. Creates the API server refuses count
   from the first refusal (status.createRejectedSince, kubetf.core.refusals).
-- the failure backoff (status.restartAfter) and `ttlSecondsAfterFinished` (from completionTime) are points in time:
-  a restart keeps the job's admission, and a finished job waits for nothing.
+- the failure backoff (status.restartAfter), `ttlSecondsAfterFinished` and `evaluatorGraceSeconds` (both from
+  completionTime) are points in time: a restart keeps the job's admission, and a finished job waits for nothing.
 
 The status keeps what the clock needs, so a restarted operator counts on: `startTime` (first start),
 `activeSince` (start of the current active period, absent while not active), `activeSeconds` (earlier periods)
@@ -111,6 +111,14 @@ def ttl_due(job: Job, status: dict[str, Any]) -> float | None:
     ttl = api.run_policy(job).get("ttlSecondsAfterFinished")
     finished_at = st.parse_time(status.get("completionTime"))
     return finished_at + ttl if ttl is not None and finished_at is not None else None
+
+
+def evaluator_grace_due(job: Job, status: dict[str, Any]) -> float | None:
+    """Until when a succeeded job's running evaluator may finish its last evaluation (evaluatorGraceSeconds)."""
+    finished_at = st.parse_time(status.get("completionTime"))
+    if status.get("phase") != st.SUCCEEDED or finished_at is None:
+        return None
+    return finished_at + api.run_policy(job)["evaluatorGraceSeconds"]
 
 
 def deadline_exceeded(job: Job, status: dict[str, Any], now: float) -> str | None:
