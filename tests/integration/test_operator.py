@@ -7,6 +7,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.core import api
+from kubetf.core import status as st
 from tests.cluster.fixture import wait_for
 
 from .conftest import mwms_spec, replica
@@ -183,14 +184,18 @@ def test_exit_code_restart_policy(cluster, namespace, code, phase):
 
 
 def test_chief_success_stops_the_rest_and_never_reruns_completed_workers(cluster, namespace):
-    running(cluster, namespace, "ps", PS_SPEC, 5)
+    running(cluster, namespace, "ps", {**PS_SPEC, "runPolicy": {"evaluatorGraceSeconds": 3}}, 5)
     cluster.exit(cluster.pods(namespace, "ps")["ps-worker-0"], 0)
     wait_for(lambda: cluster.status(namespace, "ps")["tasks"]["worker-0"]["state"] == "Succeeded", 10, "worker-0 done")
     cluster.delete_pod(cluster.pods(namespace, "ps")["ps-worker-0"])
     cluster.exit(cluster.pods(namespace, "ps")["ps-chief-0"], 0)
     status = cluster.wait_phase(namespace, "ps", "Succeeded")
     assert status["completionTime"]
-    wait_for(lambda: sorted(cluster.live_pods(namespace, "ps")) == ["ps-chief-0"], 10, "running pods stopped")
+    # The ps and workers are stopped at once; the evaluator, which may still be evaluating the last checkpoint, only
+    # by its grace's own timer (this one never exits): not before completionTime + 3 s.
+    wait_for(lambda: sorted(cluster.live_pods(namespace, "ps")) == ["ps-chief-0"], 20, "running pods stopped")
+    assert time.time() >= st.parse_time(status["completionTime"]) + 3
+    assert cluster.status(namespace, "ps")["phase"] == "Succeeded"
     # Every pod's deletion brings the job back to a reconcile: watched until they are all gone and a second more,
     # no pod of the job may be created (a wrong operator would re-create the completed worker then).
     assert cluster.pods_created(namespace, "ps", until=lambda: sorted(cluster.pods(namespace, "ps")) == ["ps-chief-0"],
