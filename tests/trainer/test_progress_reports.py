@@ -116,8 +116,15 @@ def test_the_librarys_callback_reports_epochs_steps_and_the_evaluator_its_metric
         assert server.errors == []
         epochs = [b["epoch"] for b in server.accepted]  # evaluations within 0.5 s of each other are coalesced
         assert epochs[0] == 1 and epochs[-1] == 3 and epochs == sorted(epochs)
-        assert all(set(b["metrics"]) == {"loss", "accuracy"} and "step" not in b for b in server.accepted)
+        assert all(set(b["metrics"]) == {"loss", "accuracy"} for b in with_results(server.accepted))
+        assert all("step" not in b for b in server.accepted)
         assert glob.glob(str(tmp_path / "ckpt" / "tensorboard" / "eval" / "events.out.tfevents.*"))
+
+
+def with_results(reports: list[dict]) -> list[dict]:
+    """The reports that carry results: all but a final one that only repeats the position (the report at exit is
+    sent alone when the last result went out more than 0.5 s before it; else the two are one)."""
+    return [b for b in reports if "metrics" in b or not b["final"]]
 
 
 GUIDE_FIT = """
@@ -216,7 +223,8 @@ def test_the_mwms_custom_loops_prints_are_reported(tmp_path):
         assert_clean(server)
         epochs = [b["epoch"] for b in server.accepted]  # epochs less than 0.5 s apart are coalesced
         assert epochs[0] == 1 and epochs[-1] == 3 and epochs == sorted(epochs)
-        assert all(b["epochs"] == 3 and set(b["metrics"]) == {"accuracy", "loss"} for b in server.accepted)
+        assert all(b["epochs"] == 3 for b in server.accepted)
+        assert all(set(b["metrics"]) == {"accuracy", "loss"} for b in with_results(server.accepted))
         assert server.status is not None and server.status["summary"] == "100%"
 
         # A second run resumes from the checkpoint and says so
