@@ -108,6 +108,43 @@ def test_the_echo_of_its_own_status_write_costs_no_reconcile():
     assert shell.queued() == []
 
 
+def test_a_change_made_while_the_reconcile_ran_is_decided_even_though_its_status_write_hid_the_event():
+    """CI run 29: the status write's answer is stored in the cache, newer than the watch's copy, so the watch events
+    up to it are ignored, among them a user's resume made after the reconcile read the suspended job."""
+    shell = Shell(mwms()).running()
+    shell.api.jobs[shell.key]["spec"]["runPolicy"] = {"suspend": True}
+    shell.api.update_job(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    for name in list(shell.api.pods):  # the kubelet stops them
+        shell.api.remove_pod(name)
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    # Suspended: the user resizes it (the status then counts a third worker), then resumes it.
+    shell.api.jobs[shell.key]["spec"]["replicaSpecs"]["worker"]["replicas"] = 3
+    shell.api.update_job(shell.key)
+    shell.api.deliver(shell.controller)
+    assert shell.queued() == [(shell.key, NORMAL)]
+    write = shell.api.patch_job_status
+
+    def resumed_meanwhile(job, patch):
+        shell.api.jobs[shell.key]["spec"]["runPolicy"] = {"suspend": False}
+        shell.api.update_job(shell.key)
+        shell.api.patch_job_status = write
+        return write(job, patch)
+
+    shell.api.patch_job_status = resumed_meanwhile
+    shell.controller.reconcile(shell.key)  # counts the resized job, and writes that after the resume
+    assert shell.status()["phase"] == "Suspended"
+    shell.api.deliver(shell.controller)  # the resume's event: older than the stored answer, ignored
+    assert shell.queued() == [(shell.key, NORMAL)]  # decided again all the same
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["phase"] != "Suspended"
+    assert sorted(shell.api.pods) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1", "mnist-worker-2"]
+
+
 def test_the_reconcile_that_creates_the_pods_sets_their_startup_timeout():
     document = mwms()
     document["spec"]["runPolicy"] = {"startupTimeoutSeconds": 3}

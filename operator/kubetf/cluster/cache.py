@@ -42,6 +42,19 @@ def slim_job(job: Mapping[str, Any]) -> Obj:
     return {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "metadata": meta, **_rest(job)}
 
 
+def changed_besides_status(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether `after` (a newer version of the job) differs from `before` in more than its status: what a user or
+    another controller changed (spec, labels, annotations, deletion) between the two."""
+
+    def unversioned(job: Mapping[str, Any]) -> Obj:
+        slim = slim_job(job)
+        slim.pop("status", None)
+        slim["metadata"] = {k: v for k, v in slim["metadata"].items() if k not in ("resourceVersion", "generation")}
+        return slim
+
+    return unversioned(before) != unversioned(after)
+
+
 def _rest(job: Mapping[str, Any]) -> Obj:
     rest = {k: job[k] for k in ("spec", "status") if k in job}
     progress = (rest.get("status") or {}).get("progress")

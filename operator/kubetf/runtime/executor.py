@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from kubetf.cluster import metrics
-from kubetf.cluster.cache import Key, Store
+from kubetf.cluster.cache import Key, Store, changed_besides_status
 from kubetf.cluster.kube_api import Creation, KubeApi, Refused
 from kubetf.cluster.workqueue import Expectations, WorkQueue
 from kubetf.core import progress, reconcile, refusals
@@ -59,7 +59,7 @@ class Executor:
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
             posted = self._post(job, plan.events, posted)
-            job = self._write_status(job, stored, plan.status)
+            job = self._write_status(key, job, stored, plan.status)
             stored = plan.status
         self._delete(key, plan)
         creation = self._create(key, plan)
@@ -67,7 +67,7 @@ class Executor:
         final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config)
         self._post(job, final.events, posted)
         if final.status != stored:
-            self._write_status(job, stored, final.status)
+            self._write_status(key, job, stored, final.status)
         self._remember(key, job, original, final)
         self._schedule(key, final)
         if creation.error is not None:
@@ -162,11 +162,17 @@ class Executor:
             self.kube.event(job, event.type, event.reason, event.message)
         return len(events)
 
-    def _write_status(self, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    def _write_status(
+        self, key: Key, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]
+    ) -> dict[str, Any]:
         updated = self.kube.patch_job_status(job, st.merge_patch(stored, status))
         if updated is None:
             return job
-        self.store.put_job(updated)  # newer than the watch's copy: its echo is then ignored
+        self.store.put_job(updated)  # newer than the watch's copy: its echo is then ignored ...
+        if changed_besides_status(job, updated):
+            # ... and so are the events of what others changed since this decision's read (a resume right after
+            # the suspend it decided, CI run 29): the job is decided again on what the answer carries.
+            self.queue.add(key, NORMAL)
         return updated
 
     def _remember(self, key: Key, job: dict[str, Any], original: dict[str, Any], final: Plan) -> None:
