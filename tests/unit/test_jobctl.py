@@ -114,3 +114,22 @@ def test_tensorboard_reads_the_jobs_logs_read_only_in_a_restricted_pod_the_job_o
     assert pod["metadata"]["ownerReferences"][0]["uid"] == document["metadata"]["uid"]
     with pytest.raises(JobError, match=r"has no spec\.checkpoint"):
         tensorboard_pod(job(worker=replica(2)))
+
+
+def test_tensorboard_closes_every_open_port_forward_at_ctrl_c_and_any_that_opens_after():
+    """The client's port-forward threads are not daemons: one left open kept `kubetf tensorboard` alive after
+    Ctrl-C (e2e, a browser's keep-alive connection)."""
+    from kubetf.cli.tensorboard import _OpenForwards
+
+    class Forward:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    forwards, done, still_open, late = _OpenForwards(), Forward(), Forward(), Forward()
+    assert forwards.add(done) and forwards.add(still_open)
+    forwards.discard(done)  # its connection ended: it closed itself
+    forwards.close_all()
+    assert still_open.closed and not done.closed
+    assert not forwards.add(late)  # opened while Ctrl-C was handled: its thread closes it

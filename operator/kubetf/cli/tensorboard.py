@@ -91,6 +91,7 @@ def run(kube: Kube, namespace: str, name: str, local_port: int, image: str | Non
     _wait(lambda: kube.get_pod(namespace, pod_name) is None, 60, f"an earlier {pod_name} to go")
     kube.create(pod)
     listener = socket.create_server(("127.0.0.1", local_port))
+    forwards = _OpenForwards()
     try:
         out.write(f"starting TensorBoard for {namespace}/{name} in pod {pod_name} ...\n")
         out.flush()
@@ -100,11 +101,14 @@ def run(kube: Kube, namespace: str, name: str, local_port: int, image: str | Non
         out.flush()
         while True:
             connection, _ = listener.accept()
-            threading.Thread(target=_forward, args=(kube, namespace, pod_name, connection), daemon=True).start()
+            threading.Thread(
+                target=_forward, args=(kube, namespace, pod_name, connection, forwards), daemon=True
+            ).start()
     except KeyboardInterrupt:
         return 0
     finally:
         listener.close()
+        forwards.close_all()
         with contextlib.suppress(Exception):
             _delete(kube, namespace, pod_name)
             out.write(f"deleted pod {pod_name}\n")
@@ -132,12 +136,46 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def _forward(kube: Kube, namespace: str, pod_name: str, connection: socket.socket) -> None:
+class _OpenForwards:
+    """The port-forwards open now. The client's port-forward threads are not daemons: one left open (a browser's
+    keep-alive connection) kept the process alive after Ctrl-C until the kubelet dropped the stream."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: set[Any] = set()
+        self.closed = False
+
+    def add(self, forward: Any) -> bool:
+        with self.lock:
+            if not self.closed:
+                self.open.add(forward)
+            return not self.closed
+
+    def discard(self, forward: Any) -> None:
+        with self.lock:
+            self.open.discard(forward)
+
+    def close_all(self) -> None:
+        with self.lock:
+            self.closed = True
+            forwards, self.open = list(self.open), set()
+        for forward in forwards:
+            with contextlib.suppress(Exception):
+                forward.close()
+
+
+def _forward(
+    kube: Kube, namespace: str, pod_name: str, connection: socket.socket, forwards: _OpenForwards
+) -> None:
     """One local connection, relayed to the pod's port through its own port-forward stream, on an API client of its
     own: the client's stream functions swap its request method for a websocket one while they run, and a call made
     meanwhile on the shared client (the pod's deletion at Ctrl-C) went through it and failed."""
     own = client.CoreV1Api(client.ApiClient(kube.core.api_client.configuration))
     forward = portforward(own.connect_get_namespaced_pod_portforward, pod_name, namespace, ports=str(PORT))
+    if not forwards.add(forward):  # Ctrl-C came while it opened
+        forward.close()
+        connection.close()
+        return
     remote = forward.socket(PORT)
     remote.setblocking(True)
 
@@ -157,3 +195,4 @@ def _forward(kube: Kube, namespace: str, pod_name: str, connection: socket.socke
             end.close()
     with contextlib.suppress(Exception):
         forward.close()
+    forwards.discard(forward)
