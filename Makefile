@@ -25,7 +25,7 @@ HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
 .PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster \
 	cluster cluster-down images install \
-	demo demo-kueue bench bench-scale bench-compare bench-kueue bench-kueue-scale
+	demo demo-kueue bench bench-scale bench-compare bench-kueue bench-kueue-scale bench-progress
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -38,8 +38,10 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed ## .venv with the project, the dev tools and TensorFlow
 
-tools: ## kubectl and helm under ~/.cache/kubetf/bin
+tools: ## kubectl and helm under ~/.cache/kubetf/bin; Debian's Chromium, the e2e tier's headless browser (TensorBoard)
 	$(CLUSTER) tools
+	@command -v chromium >/dev/null || { echo "apt-get install chromium"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: venv ## ruff, mypy and the import contracts (pure modules do no I/O)
 	$(VENV)/bin/ruff check .
@@ -161,6 +163,9 @@ bench-kueue: venv tools ## with and without Kueue: apply -> pods Running, and Ku
 
 bench-kueue-scale: venv tools ## Kueue on kwok: 5,000 queued jobs' API cost, 1,000 admitted, a 100-job priority chain
 	$(PY) -m tests.bench.kueue_scale $(ARGS)
+
+bench-progress: venv tools ## progress reports on kwok: 2,000 jobs reporting every second vs quiet (ARGS="--jobs 200")
+	$(PY) -m tests.bench.progress_scale $(ARGS)
 
 bench-compare: venv tools ## kubetf vs Kubeflow's training-operator vs the raw API server (ARGS="--foreign-pods 5000")
 	$(PY) -m tests.bench.compare $(ARGS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -28,6 +29,9 @@ from tests.integration.conftest import Cluster
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "kubetf-system"
 RELEASE = "kubetf"
+# The chart's defaults but one: progress written every 5 s, not 30, as the tests' jobs train for a minute and their
+# ETA must be seen to fall.
+CHART_VALUES = ("--set", "progress.writeSeconds=5")
 
 
 def pytest_collection_modifyitems(items):
@@ -109,7 +113,8 @@ def install_chart(e2e_cluster: Cluster) -> None:
     # As `make install` does: helm never upgrades a CRD it finds (the integration tier may have put an older one
     # there), so the CRD goes first, applied server-side over whoever wrote it before.
     run(tool("kubectl"), "apply", "--server-side", "--force-conflicts", "-f", "manifests/crd/")
-    helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m")
+    helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m",
+         *CHART_VALUES)  # fmt: skip
 
 
 @pytest.fixture
@@ -159,6 +164,19 @@ def wait_epoch(cluster: Cluster, namespace: str, pod: str, epoch: int, what: str
         cluster, namespace, pod, lambda rs: any(r["kubetf"] == "progress" and r["epoch"] >= epoch for r in rs), what,
         timeout,
     )  # fmt: skip
+
+
+def columns(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
+    """`kubectl get tj NAME`'s columns by header; an empty cell (no ETA yet) is ""."""
+    return table_row(cluster.kubectl("get", "tj", name, "-n", namespace).stdout)
+
+
+def table_row(table: str) -> dict[str, str]:
+    """kubectl's table of one object as {header: cell}, cut where the header's columns start (cells may be empty)."""
+    header, row = table.splitlines()[:2]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    bounds = zip(starts, [*starts[1:], None], strict=True)
+    return {header[a:b].strip(): row[a:b].strip() for a, b in bounds}
 
 
 def elapsed(start: float) -> str:

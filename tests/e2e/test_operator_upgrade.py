@@ -11,7 +11,7 @@ from kubetf.core import api
 from tests.cluster.fixture import wait_for
 from tests.integration.conftest import replica
 
-from .conftest import OPERATOR_NAMESPACE, RELEASE, ROOT, helm
+from .conftest import CHART_VALUES, OPERATOR_NAMESPACE, RELEASE, ROOT, helm
 
 pytestmark = pytest.mark.serial  # the installed operator is replaced: other e2e tests would lose it meanwhile
 
@@ -46,7 +46,7 @@ def test_helm_upgrade_from_the_previous_chart_then_the_standby_takes_over(instal
              "--skip-crds")  # fmt: skip
     finally:  # whatever happened, the tests after this one get the current chart
         helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait",
-             "--timeout", "5m")  # fmt: skip
+             "--timeout", "5m", *CHART_VALUES)  # fmt: skip
 
     deployment = client.AppsV1Api(cluster.api_client).read_namespaced_deployment(
         f"{RELEASE}-operator", OPERATOR_NAMESPACE

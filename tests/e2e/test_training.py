@@ -1,15 +1,138 @@
 """Day one on a real cluster: install, train, preempt, resume (issue: helm, images, e2e)."""
 
+import json
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
 
+import pytest
 import yaml
 from kubernetes import client
 
 from tests.cluster.fixture import wait_for
 
-from .conftest import OPERATOR_NAMESPACE, create, elapsed, progress, sample, wait_epoch
+from .conftest import (
+    OPERATOR_NAMESPACE,
+    ROOT,
+    columns,
+    create,
+    elapsed,
+    progress,
+    sample,
+    table_row,
+    wait_epoch,
+)
+
+SCREENSHOTS = ROOT / ".test-results"
+
+
+class Columns(threading.Thread):
+    """`kubectl get tj NAME` every second until stopped: the (PROGRESS, ETA) pairs it showed, in order, and
+    status.progress.etaSeconds while the job ran."""
+
+    def __init__(self, cluster, namespace: str, name: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.namespace, self.name = cluster, namespace, name
+        self.shown: list[tuple[str, str]] = []
+        self.etas: list[int] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(1):
+            result = self.cluster.kubectl("get", "tj", self.name, "-n", self.namespace, check=False)
+            if result.returncode == 0 and len(result.stdout.splitlines()) == 2:
+                row = table_row(result.stdout)
+                shown = (row.get("PROGRESS", ""), row.get("ETA", ""))
+                if shown[0] and shown not in self.shown[-1:]:
+                    self.shown.append(shown)
+            try:
+                status = (self.cluster.job(self.namespace, self.name) or {}).get("status") or {}
+            except Exception:  # a slow API server: the next second's read
+                continue
+            eta = (status.get("progress") or {}).get("etaSeconds")
+            if status.get("phase") == "Running" and isinstance(eta, int) and eta not in self.etas[-1:]:
+                self.etas.append(eta)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)
+
+
+class TensorBoard:
+    """`kubetf tensorboard JOB --port 0` as a user runs it: the URL it prints; Ctrl-C (SIGINT) ends it."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kubetf.cli", "tensorboard", name, "-n", namespace, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip())
+
+    def url(self) -> str:
+        def printed() -> str | None:
+            if self.process.poll() is not None:
+                pytest.fail(f"kubetf tensorboard exited {self.process.returncode}: {self.lines}")
+            found = [m.group(1) for line in self.lines if (m := re.search(r"TensorBoard: (http://\S+/)", line))]
+            return found[0] if found else None
+
+        return wait_for(printed, 240, "kubetf tensorboard to print its URL", interval=0.5)
+
+    def get(self, path: str) -> object:
+        with urllib.request.urlopen(self.url() + path, timeout=60) as response:
+            return json.load(response)
+
+    def stop(self) -> str:
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(60)
+        self.reader.join(10)  # what it printed last, up to its exit
+        return "\n".join(self.lines)
+
+
+# TensorBoard's colour for the first run (#425066): its line, the run's dot in the sidebar and in the card's legend.
+RUN_COLOUR = (66, 80, 102)
+# Without a line the page has about 240 such pixels (the dots, the icons' edges); the loss line of 6 epochs about 630.
+LINE_PIXELS = 450
+
+
+def chart_pixels(url: str, tag: str, screenshot: Path, within: float = 120) -> int:
+    """Headless Chromium's screenshot of TensorBoard's page for `tag` (kept), taken again until it shows a line (the
+    card may be drawn before its data came through the port-forward) or `within` seconds passed; the pixels of the
+    run's colour on the last one. SVG, not WebGL: headless Chromium has no GPU to draw WebGL lines with."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.fail("chromium not found: apt-get install chromium (make tools installs it)")
+    page = f"{url}?forceSVG=true&tagFilter={urllib.parse.quote(tag)}#timeseries"
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    from PIL import Image
+
+    deadline = time.monotonic() + within
+    while True:
+        subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1000",
+             "--virtual-time-budget=30000", f"--screenshot={screenshot}", page],
+            capture_output=True, timeout=180, check=True,
+        )  # fmt: skip
+        with Image.open(screenshot) as image:
+            data = image.convert("RGB").tobytes()
+        pixels = zip(data[0::3], data[1::3], data[2::3], strict=True)
+        drawn = sum(1 for pixel in pixels if sum(abs(c - r) for c, r in zip(pixel, RUN_COLOUR, strict=True)) <= 24)
+        if drawn > LINE_PIXELS or time.monotonic() > deadline:
+            return drawn
 
 
 def reader_pod(cluster, namespace, claim, command):
@@ -66,6 +189,8 @@ def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     start = time.monotonic()
+    watched = Columns(cluster, namespace, "mnist-mwms")
+    watched.start()
     submit = subprocess.Popen(
         [sys.executable, "-m", "kubetf.cli", "submit", "-f", str(path), "-n", namespace, "--timeout", "900"],
         stdout=subprocess.PIPE,
@@ -84,10 +209,17 @@ def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model
     print(f"\neviction -> worker-1 saved and exited {record['exit_code']}: {elapsed(evicted)}")
     assert record["saved"] is True and record["exit_code"] == 42, record
     output, _ = submit.communicate(timeout=960)
+    watched.stop()
     print(f"mnist-mwms: apply -> Succeeded {elapsed(start)}\n{output}")
+    print(f"kubectl get tj PROGRESS, ETA while it trained: {watched.shown}; etaSeconds: {watched.etas}")
     assert submit.returncode == 0, output
     assert "epoch 6/6" in output
+    # Everyone's view of how far it is: kubectl's columns while it trained, an ETA that fell, 100% at the end.
+    assert any(re.fullmatch(r"\d+%", p) and 0 < int(p[:-1]) < 100 and eta for p, eta in watched.shown), watched.shown
+    assert len(watched.etas) >= 2 and watched.etas[-1] < watched.etas[0], watched.etas
+    assert columns(cluster, namespace, "mnist-mwms")["PROGRESS"] == "100%"
     status = cluster.status(namespace, "mnist-mwms")
+    assert (status["progress"]["epoch"], status["progress"]["epochs"]) == (6, 6), status["progress"]
     assert (status["phase"], status["restarts"]["disruptions"], status["restarts"]["failures"]) == ("Succeeded", 1, 0)
     assert status["tasks"]["worker-0"]["attempt"] == 1  # the whole group restarted
     ignored = cluster.core.list_namespaced_event(namespace, field_selector="reason=SigtermIgnored").items
@@ -124,6 +256,23 @@ def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model
     logs = kubetf("logs", "mnist-mwms").splitlines()
     assert any(line.startswith("worker-1 | ") for line in logs), logs[-20:]
     assert any(line.startswith("worker-0 | ") and '"kubetf": "done"' in line for line in logs), logs[-20:]
+    # Its curves: TensorBoard on the checkpoint volume, through `kubetf tensorboard`.
+    board = TensorBoard(namespace, "mnist-mwms")
+    try:
+        tags = board.get("data/plugin/scalars/tags")
+        (run,) = [run for run, run_tags in tags.items() if "epoch_loss" in run_tags]
+        query = urllib.parse.urlencode({"run": run, "tag": "epoch_loss"})
+        series = board.get(f"data/plugin/scalars/scalars?{query}")  # [wall time, step (epoch), value]
+        screenshot = SCREENSHOTS / f"tensorboard-{namespace}.png"
+        drawn = chart_pixels(board.url(), "epoch_loss", screenshot)
+    finally:
+        said = board.stop()
+    print(f"TensorBoard's epoch_loss: {series}; page saved to {screenshot}: {drawn} pixels of the run's colour")
+    assert {step for _, step, _ in series} == set(range(6)), series  # every epoch, across the restart
+    assert drawn > LINE_PIXELS, f"no line of epoch_loss on the page ({drawn} pixels of its colour): {screenshot}"
+    assert "deleted pod mnist-mwms-tensorboard" in said, said
+    wait_for(lambda: not cluster.core.list_namespaced_pod(namespace, label_selector="kubetf.io/tensorboard").items,
+             60, "the TensorBoard pod deleted")  # fmt: skip
     deleted = kubetf("delete", "mnist-mwms")
     assert "checkpoint PVC mnist-mwms-checkpoint kept" in deleted
     wait_for(lambda: cluster.job(namespace, "mnist-mwms") is None, 30, "the job deleted")

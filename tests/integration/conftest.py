@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -28,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kubetf.core import api, config
 from tests.cluster import kwok
-from tests.cluster.fixture import wait_for
+from tests.cluster.fixture import KubeCluster, wait_for
 from tests.cluster.session import once, undo_at_end
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +72,10 @@ class Cluster:
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.ext = client.ApiextensionsV1Api(self.api_client)
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        """kubectl against this cluster, as a user types it (`kubectl get tj` shows the CRD's printer columns)."""
+        return KubeCluster(self.kubeconfig, local=False).kubectl(*args, check=check, timeout=timeout)
 
     @staticmethod
     def raw(response) -> Any:
@@ -341,6 +346,7 @@ class Operator:
         self.flags = flags  # () for the operator's defaults, as installed (every namespace, the default Lease)
         self.process: subprocess.Popen | None = None
         self.port = 0
+        self.progress_port = 0  # where it takes training pods' progress reports
 
     def start(self, leader: bool = True) -> None:
         """Start it; wait until it serves /healthz and, with `leader`, until it holds the lease."""
@@ -356,7 +362,7 @@ class Operator:
         except ApiException as error:
             if error.status != 409:
                 raise
-        self.port = free_port()
+        self.port, self.progress_port = free_port(), free_port()
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
@@ -372,12 +378,26 @@ class Operator:
                 str(self.metrics_port),
                 "--log-format",
                 "full",
+                "--progress-port",
+                str(self.progress_port),
                 *self.flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+    def report(self, token: str | None, body: bytes) -> tuple[int, str]:
+        """POST a progress report as a training pod does: (HTTP status, body)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.progress_port}/v1/progress", data=body, method="POST",
+            headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
 
     def role(self) -> str:
         """ "ok leader", "ok starting" (leader, cache being primed), "ok standby", or "" while it does not answer."""

@@ -27,6 +27,8 @@ class FakeApi:
         self.pods: dict[str, dict] = {}  # name -> pod (one namespace)
         self.others: dict[tuple[str, str], dict] = {}  # (kind, name) -> Service/PVC
         self.lost_nodes: dict[str, float] = {}  # nodes that stopped reporting, and since when
+        self.tokens: dict[str, tuple[str, str, str, str]] = {}  # token -> (namespace, service account, pod, uid)
+        self.token_audience = "kubetf.io/progress"
         self.events: list[tuple[str, str, dict]] = []  # (resource, type, object) not yet delivered
         self.recorded: list[tuple[str, str, str]] = []  # Kubernetes Events: (type, reason, message)
         self.calls: list[str] = []
@@ -129,7 +131,18 @@ class FakeApi:
 
     # --------------------------------------------------------------- Kube's interface
 
-    def get_job(self, namespace: str, name: str) -> dict | None:
+    def review_token(self, token: str, audience: str) -> Obj:
+        """`tokens`: token -> (namespace, service account, pod, uid) of the pod it is bound to, for `token_audience`."""
+        self.calls.append("create TokenReview")
+        bound = self.tokens.get(token) if audience == self.token_audience else None
+        if bound is None:
+            return {"authenticated": False, "error": "invalid bearer token"}
+        namespace, account, pod, uid = bound
+        extra = {"authentication.kubernetes.io/pod-name": [pod], "authentication.kubernetes.io/pod-uid": [uid]}
+        return {"authenticated": True, "user": {"username": f"system:serviceaccount:{namespace}:{account}",
+                                               "extra": extra}, "audiences": [audience]}  # fmt: skip
+
+    def get_job(self, namespace: str, name: str) -> Obj | None:
         self.calls.append("get job")
         job = self.jobs.get((namespace, name))
         return copy.deepcopy(job) if job else None

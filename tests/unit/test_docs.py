@@ -312,7 +312,10 @@ def argument(call: ast.Call, position: int, keyword: str) -> ast.expr | None:
 
 
 # Where the operator writes a reason: (the function called, the reason's position among its arguments).
-REASON_ARGUMENTS = {"transition": 1, "fail": 0, "set_phase": 2, "set_condition": 2, "Event": 1, "event": 2}
+REASON_ARGUMENTS = {"transition": 1, "fail": 0, "set_phase": 2, "set_condition": 2, "Event": 1, "event": 2,
+                    "update": 99}  # fmt: skip
+# Functions whose appended (reason, message) tuples become a condition (kubetf.core.progress.health).
+APPENDING_FUNCTIONS = {"health"}
 # Functions whose returned (reason, message) tuples become a condition.
 WAITING_FUNCTIONS = {"waiting", "waiting_message"}
 # A decision's reason is split at its first ': ' into the condition's reason and its message (reconcile._restart).
@@ -389,6 +392,8 @@ def written_reasons(source: str) -> Written:
                     written.decisions |= prefixes(arg, scope)
                 if name in TERMINATIONS and (arg := argument(node, TERMINATIONS[name], "reason")) is not None:
                     written.causes |= prefixes(arg, scope)
+                if name == "append" and function is not None and function.name in APPENDING_FUNCTIONS and node.args:
+                    written.reasons.update(s for e in elements(node.args[0], 0, scope) for s in strings(e, scope))
                 if is_reason_lookup(node) and len(node.args) > 1:  # `.get("reason", "Default")`
                     written.causes.update(s for s in strings(node.args[1], scope) if WORD.match(s))
             elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and is_reason_lookup(node.values[0]):
@@ -475,12 +480,15 @@ def plan(status, result, transition, admission, job, refusal):
     return Decision(False, f"DecidedHere: {message}")
 def waiting(self, job):
     return "Returned", "message"
+def health(progress):
+    out.append(("Appended", "message"))
+    condition.update(status="False", reason="Updated")
 def disruption_reason(pod):
     return f"Trimmed: {pod}".rstrip(": ")
 """
     written = written_reasons(source)
     assert written.reasons == {"BrandNew", "FromAConstant", "OtherBranch", "ByKeyword", "FromATuple",
-                               "PostedDirectly", "Returned", "FailedHere"}  # fmt: skip
+                               "PostedDirectly", "Returned", "FailedHere", "Appended", "Updated"}  # fmt: skip
     assert written.decisions == {"DecidedHere"}
     assert written.causes == {"Gone", "Unnamed", "Defaulted", "Trimmed"}
 

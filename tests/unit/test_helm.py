@@ -52,6 +52,7 @@ CLUSTER_QUEUES = {("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads"
 KOPF_CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
 KOPF_NAMESPACES = {("", "namespaces", verb) for verb in ("list", "watch")}
 NODES = {("", "nodes", "get")}  # one node at a time: has a lost node's pod to be force-deleted?
+TOKEN_REVIEWS = {("authentication.k8s.io", "tokenreviews", "create")}  # which pod sent a progress report
 LEASE = {("coordination.k8s.io", "leases", verb) for verb in ("create", "get", "update")}
 LEASE_ROLE = "kubetf-operator-leader-election"
 
@@ -244,7 +245,7 @@ def assert_least_privilege(roles: Iterable[Obj]) -> None:
 def test_clusterwide_rbac_is_exactly_what_the_operator_uses() -> None:
     objects = installed_by_kubectl()
     role = one(objects, "ClusterRole")
-    assert permissions(role) == OPERATOR_PERMISSIONS | CLUSTER_QUEUES | KOPF_CRDS | NODES
+    assert permissions(role) == OPERATOR_PERMISSIONS | CLUSTER_QUEUES | KOPF_CRDS | NODES | TOKEN_REVIEWS
     # Namespaced: only the leader election's Lease, in the operator's own namespace, and only that one by name.
     (lease_role,) = by_kind(objects, "Role")
     assert (lease_role["metadata"]["name"], lease_role["metadata"]["namespace"]) == (LEASE_ROLE, NAMESPACE)
@@ -282,7 +283,7 @@ def test_namespaced_watching_gets_roles_and_flags(helm: str) -> None:
         assert binding["subjects"][0]["namespace"] == NAMESPACE
     # Cluster-wide only what kopf needs for itself and a node read: nothing on TrainingJobs or pods.
     cluster_role = one(objects, "ClusterRole")
-    assert permissions(cluster_role) == KOPF_CRDS | KOPF_NAMESPACES | NODES
+    assert permissions(cluster_role) == KOPF_CRDS | KOPF_NAMESPACES | NODES | TOKEN_REVIEWS
     assert_least_privilege([*roles, cluster_role])
     args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     pairs = [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"]
@@ -293,6 +294,7 @@ def test_rbac_can_be_left_out(helm: str) -> None:
     objects = template(helm, "--set", "rbac.create=false", "--set", "serviceAccount.create=false")
     assert {o["kind"] for o in objects} == {
         "Deployment",
+        "Service",  # the progress endpoint's
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     }
@@ -396,11 +398,17 @@ def test_operator_deployment() -> None:
         "9090",
         "--lease-name",
         "kubetf-operator",
+        "--progress-port",
+        "8090",
+        "--progress-url",
+        "http://kubetf-progress.kubetf-system.svc:8090/v1/progress",
+        "--progress-write-seconds",
+        "30",
     ]
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz" and ports[probe["port"]] == 8080
-    assert ports["metrics"] == 9090
+    assert ports["metrics"] == 9090 and ports["progress"] == 8090
     assert container["resources"]["limits"]["memory"] == "1Gi"  # a restart's relisting peak, not the steady state
     assert container["resources"]["requests"]["memory"]
     # The operator's pod must not look like one of the operator's children.
@@ -416,9 +424,9 @@ def test_image_tag_defaults_to_app_version_and_can_be_set(helm: str) -> None:
 
 
 def test_metrics_service_is_opt_in(helm: str) -> None:
-    assert not by_kind(template(helm), "Service")
+    assert not [s for s in by_kind(template(helm), "Service") if s["metadata"]["name"] != "kubetf-progress"]
     objects = template(helm, "--set", "metrics.enabled=true")
-    service = one(objects, "Service")
+    service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"] == "kubetf-metrics")
     deployment = one(objects, "Deployment")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
@@ -449,3 +457,16 @@ def test_operator_dockerfile_matches_the_chart() -> None:
     assert json.loads(next(line for line in lines if line.startswith("CMD ")).removeprefix("CMD ")) == ["operator"]
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", ".venv"} <= set(ignored)
+
+
+def test_progress_reports_have_a_service_token_reviews_and_can_be_turned_off(helm: str) -> None:
+    objects = template(helm)
+    service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"] == "kubetf-progress")
+    deployment = one(objects, "Deployment")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [{"name": "progress", "port": 8090, "targetPort": "progress", "protocol": "TCP"}]
+    off = template(helm, "--set", "progress.enabled=false")
+    assert not by_kind(off, "Service")
+    (container,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-2:] == ["--progress-port", "0"] and "--progress-url" not in container["args"]
+    assert not TOKEN_REVIEWS & permissions(one(off, "ClusterRole"))

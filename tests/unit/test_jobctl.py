@@ -37,3 +37,99 @@ def test_progress_lines_read_through_the_logs_prefix():
     record = jobctl.progress_line('worker-1 | {"kubetf": "done", "role": "worker"}')
     assert record == {"kubetf": "done", "role": "worker"}
     assert jobctl.progress_line('{"kubetf-like": 1}') is None
+
+
+class Jobs:
+    """The two reads `kubetf status` makes, from a list of job documents served one per call."""
+
+    def __init__(self, *documents):
+        self.documents = list(documents)
+
+    def get_job(self, namespace, name):
+        return self.documents.pop(0) if len(self.documents) > 1 else self.documents[0]
+
+    def list_events(self, namespace, name):
+        return []
+
+
+def running_with_progress(phase="Running"):
+    from kubetf.core.status import format_time
+
+    history = [{"step": s, "epoch": s // 10, "loss": 2.0 / (1 + s), "time": format_time(1_800_000_000 + s)}
+               for s in range(0, 60, 5)]  # fmt: skip
+    return {
+        "metadata": {"name": "mnist", "namespace": "ns"},
+        "spec": {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": {"replicas": 2, "template": {}}}},
+        "status": {
+            "phase": phase,
+            "progress": {"summary": "55%", "step": 55, "steps": 100, "stepsPerSecond": 2.5, "eta": "18s",
+                         "metrics": {"loss": 0.036}, "history": history},
+            "conditions": [{"type": "TrainingUnhealthy", "status": "True", "reason": "TrainingStalled",
+                            "message": "no progress for 11m"}],
+        },
+    }  # fmt: skip
+
+
+def test_status_shows_the_progress_its_health_and_the_loss_curve():
+    import io
+
+    out = io.StringIO()
+    jobctl.print_status(Jobs(running_with_progress()), "ns", "mnist", out)
+    text = out.getvalue()
+    assert "progress: 55%  step 55/100  2.5 steps/s  ETA 18s" in text
+    assert "metrics: loss=0.036" in text and "TrainingStalled: no progress for 11m" in text
+    assert "loss by step" in text and text.count("*") >= 12  # a point for each of the 12 in the history
+
+
+def test_status_watch_updates_until_the_job_finishes():
+    import io
+
+    out = io.StringIO()
+    jobs = Jobs(running_with_progress(), running_with_progress(), running_with_progress("Succeeded"))
+    assert jobctl.watch_status(jobs, "ns", "mnist", out, every=0, clear=False) == 0
+    assert out.getvalue().count("progress: 55%") == 2 and "Succeeded" in out.getvalue()
+
+
+def test_tensorboard_reads_the_jobs_logs_read_only_in_a_restricted_pod_the_job_owns():
+    import pytest
+
+    from kubetf.cli.jobctl import JobError
+    from kubetf.cli.tensorboard import tensorboard_pod
+
+    from .jobs import job, replica
+
+    document = job(worker=replica(2))
+    document["spec"]["checkpoint"] = {"size": "1Gi", "mountPath": "/checkpoints"}
+    pod = tensorboard_pod(document)
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][:3] == ["tensorboard", "--logdir", "/checkpoints/tensorboard"]
+    assert (
+        container["image"] == document["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["image"]
+    )
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "mnist-checkpoint", "readOnly": True}
+    assert container["volumeMounts"][0]["readOnly"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] and container["securityContext"]["capabilities"] == {
+        "drop": ["ALL"]
+    }
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == document["metadata"]["uid"]
+    with pytest.raises(JobError, match=r"has no spec\.checkpoint"):
+        tensorboard_pod(job(worker=replica(2)))
+
+
+def test_tensorboard_closes_every_open_port_forward_at_ctrl_c_and_any_that_opens_after():
+    """The client's port-forward threads are not daemons: one left open kept `kubetf tensorboard` alive after
+    Ctrl-C (e2e, a browser's keep-alive connection)."""
+    from kubetf.cli.tensorboard import _OpenForwards
+
+    class Forward:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    forwards, done, still_open, late = _OpenForwards(), Forward(), Forward(), Forward()
+    assert forwards.add(done) and forwards.add(still_open)
+    forwards.discard(done)  # its connection ended: it closed itself
+    forwards.close_all()
+    assert still_open.closed and not done.closed
+    assert not forwards.add(late)  # opened while Ctrl-C was handled: its thread closes it

@@ -1,8 +1,10 @@
 """kubetf_trainer: helpers for TensorFlow programs run by kubetf.
 
-Light imports (no TensorFlow): ``task_info``, ``TaskInfo``, ``emit``, ``data``.
+Light imports (no TensorFlow): ``task_info``, ``TaskInfo``, ``emit``, ``data``, ``report`` (progress reports to
+the operator: ``kubetf_trainer.report.report``).
 TensorFlow-backed (imported on first use): ``make_strategy``, ``run_server``, ``callbacks``,
-``BackupAndRestore``, ``Progress``, ``prepare``, ``save_model``, ``finish``, ``evaluate_checkpoints``.
+``BackupAndRestore``, ``Progress``, ``TensorBoard``, ``prepare``, ``save_model``, ``finish``,
+``evaluate_checkpoints``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ _LAZY = {
     "checkpoint_epochs": "training",
     "BackupAndRestore": "callbacks",
     "Progress": "callbacks",
+    "TensorBoard": "callbacks",
     "PREEMPTION_EXIT_CODE": "callbacks",
     "data": None,
+    "report": None,
     "args": None,
 }
 

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -15,7 +16,9 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf
 
+from . import report
 from .env import TaskInfo, clear_backup_scratch, task_info
+from .keras_report import ReportingMixin
 from .progress import emit
 from .signals import SIGTERM_EXIT_CODE
 
@@ -24,10 +27,14 @@ log = logging.getLogger("kubetf_trainer")
 PREEMPTION_EXIT_CODE = 42
 
 
-class Progress(tf.keras.callbacks.Callback):
+class Progress(ReportingMixin, tf.keras.callbacks.Callback):
     """Prints the contract's JSON lines: ``start`` (with ``initial_epoch``), then one ``progress``
     per epoch. ``epoch`` in a progress line counts finished epochs (1-based, like Keras' "Epoch 2/5");
     ``initial_epoch`` is the number of epochs already done when this run began (K > 0 after a resume).
+
+    On the task that coordinates training (``info.is_chief``) it also reports progress to the operator
+    (``kubetf_trainer.report``, when ``KUBETF_PROGRESS_URL`` is set): each epoch end, and every few seconds
+    within an epoch (see ``kubetf_trainer.keras_report``).
 
     Put it after ``BackupAndRestore`` in the callback list, so that a progress line for epoch N means
     the backup of epoch N is on disk.
@@ -40,6 +47,9 @@ class Progress(tf.keras.callbacks.Callback):
         self.initial_epoch: int | None = None
         self.last_logs: dict[str, Any] = {}
         self._epoch_start = 0.0
+        # Batch logs stay tensors: read only when a report is due (and accepted under ParameterServerStrategy).
+        self._supports_tf_logs = True
+        self._kt_reset()
 
     def _steps(self) -> int:
         return int((self.params or {}).get("steps") or 0)
@@ -63,13 +73,21 @@ class Progress(tf.keras.callbacks.Callback):
             num_workers=self.info.num_workers,
         )
 
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._kt_train_begin(self.info.is_chief and not self.info.is_evaluator)
+
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.started:
             self._start(epoch)
         self._epoch_start = time.monotonic()
+        self._kt_epoch_begin(epoch)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._kt_batch_end(batch, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        logs = dict(logs or {})
+        full = dict(logs or {})
+        logs = dict(full)
         self.last_logs = logs
         seconds = time.monotonic() - self._epoch_start
         steps = self._steps()
@@ -85,10 +103,32 @@ class Progress(tf.keras.callbacks.Callback):
             seconds=round(seconds, 4),
             steps_per_sec=round(steps / seconds, 3) if seconds > 0 and steps else None,
         )
+        self._kt_epoch_end(epoch, full)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if not self.started:  # everything was already done before this run (resumed at the end)
             self._start(self._epochs())
+
+
+class TensorBoard(tf.keras.callbacks.TensorBoard):
+    """``tf.keras.callbacks.TensorBoard`` where only the chief writes into the shared directory
+    (``$KUBETF_CHECKPOINT_DIR/tensorboard`` unless ``log_dir`` is given): other workers write to a temporary
+    directory they delete at the end, as the multi-worker tutorial does for models. Scalars per epoch
+    (``update_freq="epoch"``), no profiling unless asked for."""
+
+    def __init__(self, info: TaskInfo | None = None, log_dir: str | None = None, **kwargs: Any):
+        self.info = info or task_info()
+        self._scratch: str | None = None
+        if not self.info.is_chief:
+            self._scratch = tempfile.mkdtemp(prefix=f"kubetf-tensorboard-{self.info.role}{self.info.index}-")
+            log_dir = self._scratch
+        kwargs.setdefault("profile_batch", 0)
+        super().__init__(log_dir=log_dir or self.info.tensorboard_dir, **kwargs)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_end(logs)
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
@@ -167,6 +207,7 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
                 raise
             # A peer went away in the middle of the preemption protocol: still a disruption, not a failure.
             self._report(saved=False, exit_code=SIGTERM_EXIT_CODE, error=str(exc).splitlines()[0][:200])
+            report.flush(final=True)  # os._exit skips the exit-time report
             os._exit(SIGTERM_EXIT_CODE)
 
     def _report(self, saved: bool, exit_code: int, **extra: Any) -> None:
@@ -207,5 +248,6 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
                 with contextlib.suppress(OSError):
                     os.remove(path)
         self._report(saved=True, exit_code=self.exit_code)
+        report.flush(final=True)  # os._exit skips the exit-time report
         # os._exit: the checkpoint is on disk; skip TensorFlow's teardown, which can wait on peers.
         os._exit(self.exit_code)

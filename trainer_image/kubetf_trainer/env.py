@@ -70,6 +70,11 @@ class TaskInfo:
         return os.path.join(self.checkpoint_dir, "checkpoints")
 
     @property
+    def tensorboard_dir(self) -> str:
+        """TensorBoard logs: the chief's training scalars, the evaluator's under ``eval/``."""
+        return os.path.join(self.checkpoint_dir, "tensorboard")
+
+    @property
     def model_dir(self) -> str:
         return os.path.join(self.checkpoint_dir, "model")
 

@@ -9,6 +9,8 @@ import signal
 import sys
 from typing import Any
 
+from . import report
+
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # 143: what a container killed by SIGTERM reports
 
 
@@ -16,6 +18,7 @@ def _exit(signum: int, frame: Any) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    report.flush(timeout=2.0, final=True)  # the last progress report: os._exit skips the exit-time one
     os._exit(128 + signum)
 
 

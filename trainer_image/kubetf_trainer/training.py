@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import logging
 import os
@@ -17,7 +18,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf
 
-from .callbacks import BackupAndRestore, Progress
+from . import report
+from .callbacks import BackupAndRestore, Progress, TensorBoard
 from .env import TaskInfo, task_info
 from .progress import emit
 
@@ -27,6 +29,14 @@ CKPT_PATTERN = "ckpt-{epoch:04d}"
 _CKPT_RE = re.compile(r"ckpt-(\d+)\.index$")
 
 
+def tensorboard_available() -> bool:
+    """Whether ``tf.summary`` can write: TensorFlow 2.21 no longer installs TensorBoard (the image does)."""
+    if importlib.util.find_spec("tensorboard") is not None:
+        return True
+    log.warning("kubetf_trainer: no TensorBoard logs: the tensorboard package is not installed")
+    return False
+
+
 def standard_callbacks(
     info: TaskInfo | None = None,
     *,
@@ -34,6 +44,7 @@ def standard_callbacks(
     backup_freq: str | int = "epoch",
     save_before_preemption: bool = True,
     epoch_checkpoints: bool = True,
+    tensorboard: bool = True,
     progress: bool = True,
 ) -> list[Any]:
     """The callbacks every kubetf example uses, in the order that matters:
@@ -42,7 +53,10 @@ def standard_callbacks(
        MWMS/Mirrored save and exit 42),
     2. ``ModelCheckpoint`` of the weights per epoch to ``$KUBETF_CHECKPOINT_DIR/checkpoints/ckpt-NNNN``
        (what the evaluator reads),
-    3. ``Progress``: JSON lines, printed after the epoch's backup is written.
+    3. ``TensorBoard``: scalars per epoch in ``$KUBETF_CHECKPOINT_DIR/tensorboard`` (the chief; other
+       workers write to a temporary directory),
+    4. ``Progress``: JSON lines, printed after the epoch's backup is written, and progress reports to the
+       operator.
     """
     info = info or task_info()
     out: list[Any] = []
@@ -59,6 +73,8 @@ def standard_callbacks(
         out.append(
             tf.keras.callbacks.ModelCheckpoint(os.path.join(info.checkpoints_dir, CKPT_PATTERN), save_weights_only=True)
         )
+    if tensorboard and tensorboard_available():
+        out.append(TensorBoard(info))
     if progress:
         out.append(Progress(info))
     return out
@@ -155,13 +171,16 @@ def evaluate_checkpoints(
     poll_seconds: float = 1.0,
     idle_timeout: float | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    tensorboard: bool = True,
 ) -> list[dict[str, Any]]:
     """The evaluator: evaluate every new ``ckpt-NNNN`` in ``$KUBETF_CHECKPOINT_DIR/checkpoints`` in
     order, print one ``eval`` line each, and return after the last one (once the chief's ``done``
     marker names it). ``data`` is a dataset (or ``(x, y)`` tuple) for ``model.evaluate``.
     ``idle_timeout``: give up after that many seconds without a new checkpoint.
     Evaluated checkpoints are recorded in ``checkpoints/evaluated.jsonl``, so a restarted evaluator
-    does not evaluate them again."""
+    does not evaluate them again. Each result is also reported to the operator (``evalMetrics`` in the
+    job's ``status.progress``) and, with ``tensorboard``, written as ``epoch_<metric>`` scalars at step
+    = epoch to ``$KUBETF_CHECKPOINT_DIR/tensorboard/eval``."""
     info = info or task_info()
     directory = info.checkpoints_dir
     os.makedirs(directory, exist_ok=True)
@@ -175,6 +194,9 @@ def evaluate_checkpoints(
                 except (ValueError, KeyError, TypeError):
                     continue
     results: list[dict[str, Any]] = []
+    writer = None
+    if tensorboard and tensorboard_available():
+        writer = tf.summary.create_file_writer(os.path.join(info.tensorboard_dir, "eval"))
     last_new = time.monotonic()
     while True:
         done = _read_done(info)
@@ -193,6 +215,13 @@ def evaluate_checkpoints(
             record = emit("eval", info, checkpoint=os.path.basename(prefix), epoch=epoch, loss=loss, metrics=res)
             with open(record_path, "a") as f:
                 f.write(json.dumps({"epoch": epoch, "loss": loss, "metrics": res}) + "\n")
+            scalars = {"loss": loss, **res} if loss is not None else dict(res)
+            report.report(epoch=epoch, metrics=scalars)
+            if writer is not None:
+                with writer.as_default():
+                    for name, value in scalars.items():
+                        tf.summary.scalar(f"epoch_{name}", value, step=epoch)
+                writer.flush()
             seen.add(epoch)
             results.append(record)
             if on_result:

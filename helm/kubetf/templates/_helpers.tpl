@@ -132,4 +132,10 @@ by its kubelet (a lost node: the pod is force-deleted, see runPolicy.forceDelete
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get]
+{{- if .Values.progress.enabled }}
+# The progress endpoint checks each training pod's token (TokenReview): which pod sent the report.
+- apiGroups: [authentication.k8s.io]
+  resources: [tokenreviews]
+  verbs: [create]
+{{- end }}
 {{- end }}

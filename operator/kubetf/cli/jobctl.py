@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +13,7 @@ from typing import Any, TextIO
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.cluster.kube import Kube, Obj
-from kubetf.core import api
+from kubetf.core import api, progress
 from kubetf.core import status as st
 
 POLL_SECONDS = 1.0
@@ -111,6 +113,50 @@ class LogFollower(threading.Thread):
             yield buffer.decode("utf-8", "replace")
 
 
+CURVE_WIDTH = 60
+
+
+def progress_text(status: dict[str, Any], width: int) -> str:
+    """The job's status.progress for a terminal: where it is, its rates and metrics, its health, the curves."""
+    found = status.get("progress")
+    if not isinstance(found, dict) or not found:
+        return ""
+    line = f"  progress: {found.get('summary', '?')}"
+    for key, label in (("epoch", "epoch"), ("step", "step")):
+        if isinstance(found.get(key), int):
+            total = found.get(f"{key}s")
+            line += f"  {label} {found[key]}" + (f"/{total}" if isinstance(total, int) else "")
+    if isinstance(found.get("stepsPerSecond"), (int, float)):
+        line += f"  {found['stepsPerSecond']:.3g} steps/s"
+    if found.get("eta"):
+        line += f"  ETA {found['eta']}"
+    lines = [line]
+    for key, label in (("metrics", "metrics"), ("evalMetrics", "evaluation")):
+        if found.get(key):
+            lines.append(f"  {label}: " + " ".join(f"{k}={_num(v)}" for k, v in found[key].items()))
+    unhealthy = next((c for c in status.get("conditions") or [] if c.get("type") == progress.UNHEALTHY), None)
+    if unhealthy and unhealthy.get("status") == "True":
+        lines.append(f"  {unhealthy.get('reason')}: {unhealthy.get('message')}")
+    history = found.get("history") or []
+    names = [n for n in ("loss", *(found.get("metrics") or {})) if any(n in p for p in history)]
+    for name in dict.fromkeys(names[: 1 + progress.HISTORY_METRICS]):
+        lines.append(textwrap.indent(progress.curve(history, name, width=width, height=8), "  "))
+    return "\n".join(lines) + "\n"
+
+
+def watch_status(kube: Kube, namespace: str, name: str, out: TextIO, every: float, clear: bool) -> int:
+    """`kubetf status --watch`: the status again every `every` seconds until the job finishes (or Ctrl-C)."""
+    while True:
+        text = io.StringIO()
+        print_status(kube, namespace, name, text)
+        out.write(("\033[H\033[2J" if clear else "") + text.getvalue())
+        out.flush()
+        job = kube.get_job(namespace, name)
+        if job is None or (job.get("status") or {}).get("phase") in st.FINISHED:
+            return 0
+        time.sleep(every)
+
+
 def _summary(status: dict[str, Any]) -> str:
     restarts = status.get("restarts") or {}
     return (
@@ -207,6 +253,7 @@ def print_status(kube: Kube, namespace: str, name: str, out: TextIO) -> int:
             out.write(f"  {key}: {status[key]}\n")
     if (status.get("restarts") or {}).get("lastReason"):
         out.write(f"  last restart: {status['restarts']['lastReason']}\n")
+    out.write(progress_text(status, CURVE_WIDTH))
     out.write(f"  {'ROLE':<10} {'ACTIVE':>6} {'READY':>6} {'SUCCEEDED':>9} {'FAILED':>6}\n")
     for role, counts in (status.get("replicaStatuses") or {}).items():
         out.write(

@@ -287,6 +287,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     client = _cluster(args)
+    if args.watch:
+        clear = sys.stdout.isatty()
+        return _job_command(
+            lambda: jobctl.watch_status(client, _namespace(args), args.name, sys.stdout, args.interval, clear)
+        )
     return _job_command(lambda: jobctl.print_status(client, _namespace(args), args.name, sys.stdout))
 
 
@@ -295,6 +300,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return _job_command(
         lambda: jobctl.print_logs(client, _namespace(args), args.name, sys.stdout, args.follow, args.role)
     )
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    from kubetf.cli import tensorboard
+
+    client = _cluster(args)
+    return _job_command(lambda: tensorboard.run(client, _namespace(args), args.name, args.port, args.image, sys.stdout))
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -370,6 +382,31 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "node_monitor_grace",
         float,
         "the cluster's kube-controller-manager --node-monitor-grace-period: how long before Unknown a node went silent",
+    ),
+    ("--progress-port", "progress_port", int, "serve the training pods' progress reports here (0: off)"),
+    (
+        "--progress-url",
+        "progress_url",
+        str,
+        "the URL training pods report their progress to (the chart sets its Service's; empty: pods report nothing)",
+    ),
+    (
+        "--progress-write-seconds",
+        "progress_write_seconds",
+        float,
+        "write a job's status.progress at most this often (its first and final report at once)",
+    ),
+    (
+        "--progress-writes-per-second",
+        "progress_writes_per_second",
+        float,
+        "status.progress writes per second for all jobs together",
+    ),
+    (
+        "--progress-stall-seconds",
+        "progress_stall_seconds",
+        float,
+        "a running job whose step has not moved this long is TrainingStalled",
     ),
     (
         "--node-monitor-period",
@@ -477,9 +514,13 @@ def _job_commands(commands: Any) -> None:
     submit_cmd.add_argument("--timeout", type=float, help="stop following after this many seconds")
     submit_cmd.set_defaults(handler=cmd_submit)
 
-    status_cmd = commands.add_parser("status", help="a job's phase, replicas, restarts and recent events")
+    status_cmd = commands.add_parser(
+        "status", help="a job's phase, replicas, restarts, progress with its curves, and recent events"
+    )
     status_cmd.add_argument("name")
     _cluster_arguments(status_cmd)
+    status_cmd.add_argument("-w", "--watch", action="store_true", help="show it again until the job finishes")
+    status_cmd.add_argument("--interval", type=float, default=5.0, help="with --watch: seconds between updates")
     status_cmd.set_defaults(handler=cmd_status)
 
     logs_cmd = commands.add_parser("logs", help="logs of every replica, prefixed by role and index")
@@ -488,6 +529,15 @@ def _job_commands(commands: Any) -> None:
     logs_cmd.add_argument("-f", "--follow", action="store_true", help="stream until the job finishes")
     logs_cmd.add_argument("--role", choices=api.ROLES, help="only this role")
     logs_cmd.set_defaults(handler=cmd_logs)
+
+    board = commands.add_parser(
+        "tensorboard", help="TensorBoard on a job's logs (its checkpoint volume), forwarded to a local port"
+    )
+    board.add_argument("name")
+    _cluster_arguments(board)
+    board.add_argument("--port", type=int, default=6006, help="local port (0: any free one)")
+    board.add_argument("--image", help="image with TensorBoard (default: the job's training image)")
+    board.set_defaults(handler=cmd_tensorboard)
 
     delete_cmd = commands.add_parser("delete", help="delete a job (the checkpoint PVC follows retainOnDelete)")
     delete_cmd.add_argument("name")

@@ -56,7 +56,11 @@ def changed_besides_status(before: Mapping[str, Any], after: Mapping[str, Any]) 
 
 
 def _rest(job: Mapping[str, Any]) -> Obj:
-    return {k: job[k] for k in ("spec", "status") if k in job}
+    rest = {k: job[k] for k in ("spec", "status") if k in job}
+    progress = (rest.get("status") or {}).get("progress")
+    if isinstance(progress, dict) and "history" in progress:  # the curve: the bulk of a job, read by no decision
+        rest["status"] = {**rest["status"], "progress": {k: v for k, v in progress.items() if k != "history"}}
+    return rest
 
 
 def slim_pod(pod: Mapping[str, Any]) -> Obj:

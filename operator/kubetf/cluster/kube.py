@@ -123,6 +123,7 @@ class Kube:
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.coordination = client.CoordinationV1Api(self.api_client)
+        self.authentication = client.AuthenticationV1Api(self.api_client)
         self.limiter = RateLimiter(qps, burst)
         self.timeout, self.log_timeout = timeout, log_timeout
         self.may_write = may_write
@@ -463,6 +464,13 @@ class Kube:
         except ApiException as error:
             if error.status not in (403, 404):
                 raise
+
+    def review_token(self, token: str, audience: str) -> Obj:
+        """The API server's TokenReview of `token` for `audience`: its status (authenticated, user, audiences)."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [audience]}}  # fmt: skip
+        review: Obj = self._call("create", "tokenreviews", self.authentication.create_token_review, body)
+        return review.get("status") or {}
 
     def get_node(self, name: str) -> Obj | None:
         return self._get("nodes", self.core.read_node, name)

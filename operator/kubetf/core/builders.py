@@ -10,12 +10,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kubetf.core import api, kueue
+from kubetf.core import api, kueue, progress
 from kubetf.core.api import Job
 
 # Enough for one training step plus a checkpoint save after SIGTERM (PreemptionCheckpointHandler).
 DEFAULT_TERMINATION_GRACE_SECONDS = 120
 CHECKPOINT_VOLUME = "kubetf-checkpoint"
+PROGRESS_VOLUME = "kubetf-progress"
+PROGRESS_TOKEN_SECONDS = 3600  # the kubelet rotates it at 80%; the endpoint caches a review until it expires
 PORT_NAME = "tf"
 NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
@@ -150,7 +152,8 @@ def _metadata(job: Job, name: str, extra_labels: dict[str, str] | None = None) -
     return metadata
 
 
-def desired_pod(job: Job, role: str, index: int, attempt: int = 0) -> dict[str, Any]:
+def desired_pod(job: Job, role: str, index: int, attempt: int = 0, progress_url: str = "") -> dict[str, Any]:
+    """The pod of task `role`-`index`; with `progress_url`, where and with which token it reports its progress."""
     spec = job["spec"]
     replica = spec["replicaSpecs"][role]
     template = copy.deepcopy(replica["template"])
@@ -182,6 +185,8 @@ def desired_pod(job: Job, role: str, index: int, attempt: int = 0) -> dict[str, 
     _tolerations(pod_spec, container, job, replica.get("gpus"))
     if spec.get("checkpoint"):
         _checkpoint_volume(pod_spec, container, job)
+    if progress_url:
+        _progress_reports(pod_spec, container, progress_url)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -222,9 +227,25 @@ def _checkpoint_volume(pod_spec: dict[str, Any], container: dict[str, Any], job:
     container["volumeMounts"] = [*mounts, {"name": CHECKPOINT_VOLUME, "mountPath": mount_path}]
 
 
-def desired_pods(job: Job, attempts: dict[tuple[str, int], int] | None = None) -> list[dict[str, Any]]:
+def _progress_reports(pod_spec: dict[str, Any], container: dict[str, Any], url: str) -> None:
+    """A token only the progress endpoint accepts (its audience), bound to this pod and rotated by the kubelet: the
+    pod can report for its own job and do nothing else with it (kubetf.runtime.progress)."""
+    token = {"audience": progress.AUDIENCE, "expirationSeconds": PROGRESS_TOKEN_SECONDS, "path": "token"}
+    volume = {"name": PROGRESS_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}}
+    pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != PROGRESS_VOLUME] + [volume]
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != PROGRESS_VOLUME]
+    container["volumeMounts"] = [*mounts, {"name": PROGRESS_VOLUME, "mountPath": progress.TOKEN_PATH, "readOnly": True}]
+    ours = {"KUBETF_PROGRESS_URL": url, "KUBETF_PROGRESS_TOKEN_FILE": f"{progress.TOKEN_PATH}/token"}
+    container["env"] = [e for e in container["env"] if e.get("name") not in ours] + [
+        {"name": key, "value": value} for key, value in ours.items()
+    ]
+
+
+def desired_pods(
+    job: Job, attempts: dict[tuple[str, int], int] | None = None, progress_url: str = ""
+) -> list[dict[str, Any]]:
     attempts = attempts or {}
-    return [desired_pod(job, role, i, attempts.get((role, i), 0)) for role, i in api.tasks(job)]
+    return [desired_pod(job, role, i, attempts.get((role, i), 0), progress_url) for role, i in api.tasks(job)]
 
 
 def desired_service(job: Job) -> dict[str, Any]:

@@ -84,6 +84,16 @@ class OperatorConfig:
     sigterm_stop_grace: int = 1
     sigterm_clock_skew: float = 5.0
 
+    # Progress reports (kubetf.runtime.progress): the port every replica serves (0: off), the URL training pods are
+    # given (empty: none, so they report nothing); each job's status.progress written at most once per
+    # `progress_write_seconds` (the first and the final report at once), all jobs' within `progress_writes_per_second`;
+    # a running job whose step has not moved for `progress_stall_seconds` is TrainingStalled.
+    progress_port: int = 8090
+    progress_url: str = ""
+    progress_write_seconds: float = 30.0
+    progress_writes_per_second: float = 5.0
+    progress_stall_seconds: float = 600.0
+
     def list_scopes(self) -> tuple[str, ...]:
         """What to list: each namespace named, or "" (every namespace, then filtered by `serves`) when a pattern
         names them."""

@@ -187,6 +187,23 @@ OPERATOR: dict[str, Reason] = {
         "program acts on it: the rest of the group is stopped at once (1 s grace period), not after 120 s.",
         "Nothing; to save a checkpoint on SIGTERM use `PreemptionCheckpointHandler` (trainer_image/README.md).",
     ),
+    "LossNotFinite": Reason(
+        "`TrainingUnhealthy` condition, Warning event",
+        "The latest loss the program reported (or any metric named `*loss`, training or evaluation) is NaN or "
+        "infinite: the training diverged. The job keeps running.",
+        "Lower the learning rate, clip gradients or check the data; delete or suspend the job to stop it.",
+    ),
+    "TrainingStalled": Reason(
+        "`TrainingUnhealthy` condition, Warning event",
+        "A running job's step and epoch have not moved for `--progress-stall-seconds` (10 minutes): the program "
+        "hangs (a collective waiting on a peer, an input pipeline) or stopped reporting. The job keeps running.",
+        "`kubetf logs JOB` and the pods' events; a stuck collective usually needs a restart (delete the pod).",
+    ),
+    "Healthy": Reason(
+        "`TrainingUnhealthy` condition turned False",
+        "A job that was `LossNotFinite` or `TrainingStalled` advances again with a finite loss.",
+        "Nothing.",
+    ),
 }
 
 KUBERNETES: dict[str, Reason] = {

@@ -1,10 +1,9 @@
 """The reconcile decision, pure: from what a reconcile observed, everything the shell does (kubetf.core.plan).
 
 This module puts the policies in order; each lives in its own file: what ends a task and who restarts with it
-(policy), the job's timers (timers), creates the API server refuses (refusals), lost nodes (node_loss), Kueue's
-pod groups (kueue), a MultiWorkerMirrored group's SIGTERM (sigterm), and the job's state read from its pods
-(status). Restart counters and attempt numbers are decided before any pod is touched (`Plan.persist_first`), so
-a restarted operator neither loses nor double-counts a restart.
+(policy), timers, create refusals (refusals), lost nodes (node_loss), Kueue's pod groups (kueue), an MWMS group's
+SIGTERM (sigterm), the training's health (progress), the job's state from its pods (status). Restart counts and
+attempts are decided before any pod is touched (`Plan.persist_first`): a restart is never lost nor counted twice.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from kubetf.core import api, builders, kueue, node_loss, policy, refusals, sigterm, timers
+from kubetf.core import api, builders, kueue, node_loss, policy, progress, refusals, sigterm, timers
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.config import OperatorConfig
@@ -72,6 +71,7 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
         status["observedGeneration"] = generation
     decision = _Decision(result.job, status, seen.now, result, config)
     stale = _decide(decision, seen)
+    progress.judge_training(result, seen.now, config.progress_stall_seconds)
     _deletions(result, seen, stale, config)
     _creations(result, decision.create, config)
     return result
@@ -169,7 +169,7 @@ def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: st
         if restart_after is not None and d.now < restart_after:
             d.plan.wake_at(restart_after)
             continue
-        d.create.append(builders.desired_pod(job, view.role, view.index, view.attempt))
+        d.create.append(builders.desired_pod(job, view.role, view.index, view.attempt, d.config.progress_url))
     if restart_after is not None and d.now >= restart_after:
         status.pop("restartAfter", None)
     admission = d.plan.admission

@@ -25,6 +25,7 @@ PENDING, QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED = (
     "Suspended",
 )
 FINISHED = (SUCCEEDED, FAILED)
+PHASES = (PENDING, QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
 
 # Task states kept in status.tasks.
 WAITING, CREATED, COMPLETED = "Waiting", "Created", "Succeeded"
@@ -253,7 +254,7 @@ def is_stuck_terminating(pod: Pod, now: float, margin: float) -> bool:
 def set_condition(
     status: dict[str, Any], phase: str, reason: str, message: str, now: float, generation: int | None
 ) -> None:
-    """Make `phase` the one True condition (metav1.Condition shape); the others turn False."""
+    """Make `phase` the one True condition of the phases (metav1.Condition shape); the other phases turn False."""
     conditions = [dict(c) for c in status.get("conditions") or []]
     stamp = format_time(now)
     found = False
@@ -263,7 +264,7 @@ def set_condition(
             if condition.get("status") != "True":
                 condition["lastTransitionTime"] = stamp
             condition.update(status="True", reason=reason, message=message)
-        elif condition.get("status") == "True":
+        elif condition["type"] in PHASES and condition.get("status") == "True":
             condition.update(status="False", lastTransitionTime=stamp)
         if generation is not None:
             condition["observedGeneration"] = generation

@@ -45,6 +45,7 @@ class Controller:
         self.observer = Observer(kube, self.store, self.positions, config, clock)
         self.executor = Executor(kube, self.store, self.queue, self.expectations, self.positions, config)
         self.threads: list[threading.Thread] = []
+        self.on_job_deleted: Callable[[Key], None] | None = None  # what else keeps state per job (progress)
         # Leadership (cluster.leader): a reconcile whose writes were refused for want of the lease is kept here, with
         # its priority, and run again once the lease is held (`leadership`).
         self.leading = True
@@ -292,6 +293,8 @@ class Controller:
             self.store.remove_job(key, (job.get("metadata") or {}).get("uid", ""))
             self.expectations.forget(key)
             self.executor.record_phase(key, None)
+            if self.on_job_deleted is not None:
+                self.on_job_deleted(key)
             return
         if self.store.put_job(dict(job)):  # the echo of the operator's own status write changes nothing
             self.queue.add(key, NORMAL)

@@ -7,6 +7,7 @@ has not seen them; created pods go into the cache at once, so their ADDED events
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any
@@ -15,7 +16,7 @@ from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key, Store, changed_besides_status
 from kubetf.cluster.kube_api import Creation, KubeApi, Refused
 from kubetf.cluster.workqueue import Expectations, WorkQueue
-from kubetf.core import reconcile, refusals
+from kubetf.core import progress, reconcile, refusals
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.plan import Event, Farewell, Observed, Plan
@@ -177,6 +178,7 @@ class Executor:
     def _remember(self, key: Key, job: dict[str, Any], original: dict[str, Any], final: Plan) -> None:
         _count_restarts(original, final.status)
         self.record_phase(key, final.status.get("phase"))
+        _training_health_gauge(key, final.status)
         self.positions.track(key, job, final.queue_place)
         with self.lock:
             if final.sigterm:
@@ -203,3 +205,15 @@ def _count_restarts(original: dict[str, Any], final: dict[str, Any]) -> None:
         delta = after.get(field, 0) - before.get(field, 0)
         if delta > 0:
             metrics.RESTARTS.labels(kind=kind).inc(delta)
+
+
+def _training_health_gauge(key: Key, status: dict[str, Any]) -> None:
+    """kubetf_job_training_unhealthy: 1 for the reason of a True TrainingUnhealthy condition, gone otherwise."""
+    found = next((c for c in status.get("conditions") or [] if c.get("type") == progress.UNHEALTHY), None)
+    unhealthy = found.get("reason") if found and found.get("status") == "True" else None
+    for reason in progress.HEALTH_REASONS:
+        if reason == unhealthy:
+            metrics.JOB_HEALTH.labels(*key, reason).set(1)
+        else:
+            with contextlib.suppress(KeyError):
+                metrics.JOB_HEALTH.remove(*key, reason)

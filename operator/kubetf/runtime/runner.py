@@ -27,6 +27,7 @@ from kubetf.cluster.leader import LeaderElector
 from kubetf.core.config import DEFAULT_LEASE_NAMESPACE, OperatorConfig
 from kubetf.runtime import handlers
 from kubetf.runtime.controller import Controller
+from kubetf.runtime.progress import ProgressEndpoint
 
 log = logging.getLogger("kubetf.operator")
 
@@ -56,6 +57,9 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
         lease_client = Kube(qps=5, burst=10, timeout=(2, config.renew_deadline), instance=config.identity)
         elector = LeaderElector(lease_client, config)
     serving = threading.Event()  # set once the leader's cache is primed and its workers run
+    endpoint = ProgressEndpoint(config)
+    if config.progress_port:  # every replica answers; a standby and a leader still priming its cache say 503
+        endpoint.serve(config.progress_port)
     if liveness_port:
         _serve_health(
             liveness_port,
@@ -75,8 +79,15 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
         instance=config.identity, log_timeout=config.log_timeout,
     )  # fmt: skip
     controller = Controller(kube, config)
+    controller.on_job_deleted = endpoint.forget
+    endpoint.lead(kube, controller.store, lambda: serving.is_set() and (elector is None or elector.is_leader()))
     if elector is not None:
-        elector.on_change = controller.leadership
+
+        def leadership(held: bool) -> None:
+            controller.leadership(held)
+            endpoint.leadership(held)
+
+        elector.on_change = leadership
     threading.Thread(target=controller.run, args=(serving,), name="kubetf-start", daemon=True).start()
     clusterwide, namespaces = kopf_scope(config)
     try:

@@ -1,0 +1,164 @@
+"""Progress on a real cluster: the installed chart's operator takes the reports of real TensorFlow pods (trainer
+image) through its Service, `kubectl get tj` shows PROGRESS and ETA while they train, /metrics has the job's
+gauges, a program whose loss is NaN is TrainingUnhealthy while it goes on running, and reports go on reaching the
+status when the leader's pod is killed and the standby takes over."""
+
+import re
+import time
+
+import pytest
+from kubernetes import client
+
+from kubetf.core import status as st
+from tests.cluster.fixture import wait_for
+
+from .conftest import OPERATOR_NAMESPACE, columns
+
+# An unchanged Keras `fit` program (no kubetf import): the image's sitecustomize makes it report. The callback only
+# slows it down so that it trains for a couple of minutes, long enough for status.progress to be written mid-run.
+FIT_PROGRAM = """
+import time
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = keras.Sequential([keras.layers.Dense(8, activation="relu", input_shape=(4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+x = np.random.rand(256, 4).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(1.2)
+
+model.fit(x, y, epochs=10, batch_size=32, callbacks=[Slow()], verbose=2)
+"""
+
+NAN_PROGRAM = """
+import time
+from kubetf_trainer.report import report
+
+for step in range(1, 400):
+    report(step=step, steps=400, metrics={"loss": float("nan") if step > 3 else 1.0})
+    time.sleep(0.5)
+"""
+
+
+# A program that reports without TensorFlow (the library's client alone): a step every half second for 40 s.
+STEPS_PROGRAM = """
+import time
+from kubetf_trainer.report import report
+
+for step in range(1, 81):
+    report(step=step, steps=80, metrics={"loss": 1.0 / step})
+    time.sleep(0.5)
+"""
+
+
+def program_job(program: str, workers: int = 1) -> dict:
+    container = {
+        "name": "tensorflow",
+        "image": "kubetf/trainer:0.1.0",
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-c", program],
+        "env": [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1536Mi"}},
+    }
+    return {
+        "strategy": "MultiWorkerMirrored",
+        "replicaSpecs": {"worker": {"replicas": workers, "template": {"spec": {"containers": [container]}}}},
+    }
+
+
+def scrape_leader(cluster) -> str:
+    """The leader's /metrics through the API server's pod proxy, as Prometheus would read it."""
+    for pod in cluster.core.list_namespaced_pod(OPERATOR_NAMESPACE).items:
+        text = cluster.core.connect_get_namespaced_pod_proxy_with_path(
+            f"{pod.metadata.name}:9090", OPERATOR_NAMESPACE, "metrics"
+        )
+        if re.search(r"^kubetf_leader 1\.0$", text, re.M):
+            return text
+    return ""
+
+
+def test_an_unchanged_fit_program_shows_progress_and_a_falling_eta_in_kubectl_get_and_in_metrics(installed, namespace):
+    cluster = installed
+    cluster.create_job(namespace, "fit", program_job(FIT_PROGRAM))
+    seen: list[tuple[str, str]] = []
+    etas: list[int] = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        status = cluster.status(namespace, "fit")
+        row = columns(cluster, namespace, "fit")
+        if row.get("PROGRESS") and (row["PROGRESS"], row.get("ETA")) not in seen:
+            seen.append((row["PROGRESS"], row.get("ETA", "")))
+        eta = (status.get("progress") or {}).get("etaSeconds")
+        if status.get("phase") == "Running" and isinstance(eta, int) and (not etas or eta != etas[-1]):
+            etas.append(eta)
+        if status.get("phase") in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    print(f"\nkubectl get tj PROGRESS, ETA while it trained: {seen}; etaSeconds: {etas}")
+    assert status["phase"] == "Succeeded", status
+    assert any(re.fullmatch(r"\d+%", p) and 0 < int(p[:-1]) < 100 and eta for p, eta in seen), seen
+    assert len(etas) >= 2 and etas[-1] < etas[0], etas
+    final = cluster.status(namespace, "fit")["progress"]
+    assert (final["summary"], final["epoch"], final["epochs"]) == ("100%", 10, 10), final
+    assert columns(cluster, namespace, "fit")["PROGRESS"] == "100%"
+    metrics = scrape_leader(cluster)
+    line = f'kubetf_job_progress_ratio{{job="fit",namespace="{namespace}"}} 1.0'
+    assert line in metrics, [m for m in metrics.splitlines() if m.startswith("kubetf_job_")]
+    assert re.search(rf'kubetf_job_metric{{job="fit",metric="loss",namespace="{namespace}"}} ', metrics)
+
+
+def test_a_program_whose_loss_is_nan_is_unhealthy_and_goes_on_running(installed, namespace):
+    cluster = installed
+    cluster.create_job(namespace, "nan", program_job(NAN_PROGRAM))
+
+    def unhealthy():
+        status = cluster.status(namespace, "nan")
+        found = [c for c in status.get("conditions") or [] if c["type"] == "TrainingUnhealthy"]
+        return status if found and found[0]["status"] == "True" else None
+
+    status = wait_for(unhealthy, 240, "the TrainingUnhealthy condition", interval=1)
+    (condition,) = [c for c in status["conditions"] if c["type"] == "TrainingUnhealthy"]
+    assert condition["reason"] == "LossNotFinite" and "loss is NaN" in condition["message"], condition
+    assert status["phase"] == "Running"  # what to do about it is the user's
+    events = cluster.events(namespace, "nan")
+    assert [e["type"] for e in events if e["reason"] == "LossNotFinite"] == ["Warning"], events
+    assert f'kubetf_job_training_unhealthy{{job="nan",namespace="{namespace}",reason="LossNotFinite"}} 1.0' in (
+        scrape_leader(cluster)
+    )
+
+
+@pytest.mark.serial  # the installed operator's leader is killed: the other e2e tests would lose it meanwhile
+def test_reports_reach_the_status_across_a_leader_change(installed, namespace):
+    cluster = installed
+    cluster.create_job(namespace, "steps", program_job(STEPS_PROGRAM))
+    first = wait_for(lambda: (cluster.status(namespace, "steps").get("progress") or {}).get("step"), 120,
+                     "the first report written")  # fmt: skip
+    coordination = client.CoordinationV1Api(cluster.api_client)
+    leader = coordination.read_namespaced_lease("kubetf-operator", OPERATOR_NAMESPACE).spec.holder_identity
+    leader_pod = leader.rsplit("_", 1)[0]
+    cluster.core.delete_namespaced_pod(leader_pod, OPERATOR_NAMESPACE, grace_period_seconds=0)  # no lease release
+    killed = time.time()
+
+    def new_leader() -> str | None:
+        holder = coordination.read_namespaced_lease("kubetf-operator", OPERATOR_NAMESPACE).spec.holder_identity or ""
+        return holder if holder and not holder.startswith(f"{leader_pod}_") else None
+
+    standby = wait_for(new_leader, 60, "the standby to take the lease")
+    took_over = time.time()
+
+    def written_after_takeover() -> dict | None:
+        progress = cluster.status(namespace, "steps").get("progress") or {}
+        return progress if (st.parse_time(progress.get("lastReportTime")) or 0) > took_over else None
+
+    after = wait_for(written_after_takeover, 60, "a report written by the new leader")
+    print(f"\nleader {leader} killed at step {first}; {standby} led {took_over - killed:.1f}s later and wrote step "
+          f"{after['step']}")  # fmt: skip
+    assert after["step"] > first
+    status = cluster.wait_phase(namespace, "steps", "Succeeded", timeout=120)
+    assert (status["progress"]["step"], status["progress"]["summary"]) == (80, "100%"), status["progress"]

@@ -1,0 +1,49 @@
+"""kubetf trainer image: progress reports from unchanged training programs.
+
+Python imports this module at start (it is on PYTHONPATH=/opt/kubetf). It does nothing unless the operator set
+KUBETF_PROGRESS_URL; then, on the task that coordinates training, it adds a reporting callback to every Keras
+``Model.fit`` and recognises the TensorFlow guides' printed progress lines (``kubetf_trainer.autoreport``; see
+trainer_image/README.md). It imports no TensorFlow, and any error in it leaves the program running as it would
+without it. KUBETF_PROGRESS_AUTO=0 turns it off. A ``sitecustomize`` further along sys.path still runs.
+"""
+
+
+def _kubetf_progress() -> None:
+    import os
+
+    if not os.environ.get("KUBETF_PROGRESS_URL"):
+        return
+    try:
+        had_legacy_keras = "TF_USE_LEGACY_KERAS" in os.environ
+        try:
+            from kubetf_trainer import autoreport
+        finally:  # importing kubetf_trainer sets TF_USE_LEGACY_KERAS by default: not for an unchanged program
+            if not had_legacy_keras:
+                os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        autoreport.install()
+    except Exception:
+        pass
+
+
+def _next_sitecustomize() -> None:
+    """Run the sitecustomize this one hides (a distribution's own), if there is one later on sys.path."""
+    try:
+        import importlib.machinery
+        import importlib.util
+        import os
+        import sys
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+        if spec is None or spec.loader is None or os.path.abspath(spec.origin or "") == os.path.abspath(__file__):
+            return
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_kubetf_next_sitecustomize"] = module
+        spec.loader.exec_module(module)
+    except Exception:
+        pass
+
+
+_kubetf_progress()
+_next_sitecustomize()
