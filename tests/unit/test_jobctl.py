@@ -133,3 +133,34 @@ def test_tensorboard_closes_every_open_port_forward_at_ctrl_c_and_any_that_opens
     forwards.close_all()
     assert still_open.closed and not done.closed
     assert not forwards.add(late)  # opened while Ctrl-C was handled: its thread closes it
+
+
+def test_tensorboard_stops_on_ctrl_c_even_when_started_in_the_background_and_on_sigterm():
+    """A shell that starts a command in the background ignores SIGINT for it, and Python then raises no
+    KeyboardInterrupt: `kubetf tensorboard` kept running after Ctrl-C in CI. Both signals now stop it."""
+    import signal
+    import subprocess
+    import sys
+
+    program = (
+        "import socket\n"
+        "from kubetf.cli.tensorboard import _stop_on_signals\n"
+        "_stop_on_signals()\n"
+        "listener = socket.create_server(('127.0.0.1', 0))\n"
+        "print('ready', flush=True)\n"
+        "try:\n"
+        "    listener.accept()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped', flush=True)\n"
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        process = subprocess.Popen(
+            [sys.executable, "-c", program],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a background job's
+        )
+        assert process.stdout.readline().strip() == "ready"
+        process.send_signal(sig)
+        out, _ = process.communicate(timeout=20)
+        assert (process.returncode, out.strip()) == (0, "stopped"), sig

@@ -9,6 +9,7 @@ is owned by the job, so it goes with the job if this command is killed before it
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import threading
 import time
@@ -92,6 +93,7 @@ def run(kube: Kube, namespace: str, name: str, local_port: int, image: str | Non
     kube.create(pod)
     listener = socket.create_server(("127.0.0.1", local_port))
     forwards = _OpenForwards()
+    _stop_on_signals()
     try:
         out.write(f"starting TensorBoard for {namespace}/{name} in pod {pod_name} ...\n")
         out.flush()
@@ -113,6 +115,18 @@ def run(kube: Kube, namespace: str, name: str, local_port: int, image: str | Non
             _delete(kube, namespace, pod_name)
             out.write(f"deleted pod {pod_name}\n")
             out.flush()  # before the port-forward threads go down with the interpreter
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM (`kill`) alike stop it and delete the pod. Also when a shell started it in the background:
+    SIGINT is then ignored from the start, and Python raises no KeyboardInterrupt for it (CI ran it so)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stop)
 
 
 def _delete(kube: Kube, namespace: str, pod_name: str) -> None:
