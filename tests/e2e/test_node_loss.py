@@ -47,6 +47,17 @@ def one_pod_per_node(job: str) -> dict:
     }
 
 
+def nodes_state(cluster) -> str:
+    """Each node's Ready condition and taints: which step of a node loss did not happen (kwok still renewing,
+    the node controller not marking it, or not tainting it, as in a zone it takes for disrupted)."""
+    shown = []
+    for node in cluster.core.list_node().items:
+        ready = next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "?")
+        taints = ",".join(t.key.rsplit("/", 1)[-1] for t in node.spec.taints or [])
+        shown.append(f"{node.metadata.name} Ready={ready}" + (f" [{taints}]" if taints else ""))
+    return "; ".join(shown)
+
+
 def running_pods(cluster, namespace: str, job: str, count: int) -> dict[str, dict]:
     return cluster.wait_pods(
         namespace,
@@ -113,7 +124,11 @@ def test_an_mwms_job_whose_node_vanishes_restarts_as_one_disruption_on_the_remai
             return current
 
         # The whole new group appears only once every old member is gone, the one on the lost node included.
-        new_pods = wait_for(recovered, RECOVERY_BOUND_SECONDS + 30, "the new group Running", interval=1)
+        new_pods = wait_for(
+            recovered, RECOVERY_BOUND_SECONDS + 30,
+            lambda: f"the new group Running: {installed.describe(namespace, 'mw')}; nodes: {nodes_state(installed)}",
+            interval=1,
+        )  # fmt: skip
         elapsed = time.monotonic() - started
         assert all(p["metadata"]["labels"][api.LABEL_ATTEMPT] == "1" for p in installed.pods(namespace, "mw").values())
         assert lost not in {p["spec"]["nodeName"] for p in new_pods.values()}
@@ -180,7 +195,9 @@ def test_a_parameter_server_job_whose_ps_node_is_lost_recreates_the_ps_and_the_c
 
         new_pods = wait_for(
             recovered, 150,
-            lambda: f"the ps and the chief recreated and Running: {installed.describe(namespace, 'ps')}", interval=1,
+            lambda: f"the ps and the chief recreated and Running: {installed.describe(namespace, 'ps')}; "
+                    f"nodes: {nodes_state(installed)}",
+            interval=1,
         )  # fmt: skip
         elapsed = time.monotonic() - started
         print(f"node {lost} (the ps's) stopped: ps and chief Running again after {elapsed:.0f}s")
