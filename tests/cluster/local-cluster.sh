@@ -1115,6 +1115,7 @@ cmd_apiserver_restart() {  # every client (kubelet, controllers, kwok, the opera
 cmd_env() {
   echo "export KUBECONFIG=$KUBECONFIG_PATH"
   echo "export PATH=$BIN_DIR:\$PATH"
+  echo "export KUBETF_CLUSTER_LOGS=$LOGS"
 }
 
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0   # sourced: functions only
