@@ -62,8 +62,8 @@ RESULTS ?= .test-results
 XDIST = -n $(WORKERS) --dist loadgroup
 junit = --junitxml=$(RESULTS)/$(1).xml
 
-test-unit: venv tools ## pure tests, seconds
-	$(PYTEST) -m unit tests/unit $(call junit,unit)
+test-unit: venv tools ## pure tests, seconds (one xdist worker per core: they compute)
+	$(PYTEST) -n auto -m unit tests/unit $(call junit,unit)
 
 test-trainer: venv ## TensorFlow training as local processes (kubetf local)
 	$(PYTEST) -m trainer tests/trainer $(call junit,trainer)
@@ -79,9 +79,13 @@ test-e2e: venv tools ## the chart and real TensorFlow pods: in parallel, then th
 
 test-cluster: test-integration test-e2e ## integration and e2e tiers on $$KUBECONFIG, else on the local cluster
 
-# One stage: run it, record its wall time for the summary, stop at the first failure.
-stage = start=$$SECONDS; $(2) || exit $$?; took=$$((SECONDS - start)); \
-	printf '%s\t%s\n' "$(1)" "$$took" >> $(RESULTS)/stages.tsv; echo "::: $(1) took $${took}s"
+# One stage: run it, record its wall time and how busy the machine's CPUs were (whether more parallel workers can
+# help: /proc/stat, Linux) for the summary, stop at the first failure.
+cpu_jiffies = awk '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$$i; print t, $$5+$$6}' /proc/stat 2>/dev/null || true
+stage = start=$$SECONDS; cpu=$$($(cpu_jiffies)); $(2) || exit $$?; took=$$((SECONDS - start)); \
+	busy=$$(echo "$$cpu $$($(cpu_jiffies))" | awk 'NF==4 && $$3>$$1 {printf "%d%%", 100*(($$3-$$1)-($$4-$$2))/($$3-$$1)}'); \
+	printf '%s\t%s\t%s\n' "$(1)" "$$took" "$$busy" >> $(RESULTS)/stages.tsv; \
+	echo "::: $(1) took $${took}s$${busy:+ (CPU busy $$busy)}"
 
 test: venv tools ## every test tier, each stage timed, then one table (tiers, stages, slowest tests)
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)

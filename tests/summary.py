@@ -49,10 +49,10 @@ def main(results: Path) -> int:
             )
     stages = results / "stages.tsv"
     if stages.exists():
-        print("::: stages (wall seconds)")
+        print("::: stages (wall seconds; CPU busy: the share of all cores in use meanwhile)")
         for line in stages.read_text().splitlines():
-            name, took = line.split("\t")
-            print(f"  {name:<40} {int(took):>5}s")
+            name, took, *busy = line.split("\t")
+            print(f"  {name:<40} {int(took):>5}s  {''.join(busy):>4}".rstrip())
     print("::: the 10 slowest tests")
     for took, name in sorted(cases, reverse=True)[:10]:
         print(f"  {took:>7.1f}s  {name}")

@@ -147,8 +147,8 @@ def test_tensorboard_stops_on_ctrl_c_even_when_started_in_the_background_and_on_
         "from kubetf.cli.tensorboard import _stop_on_signals\n"
         "_stop_on_signals()\n"
         "listener = socket.create_server(('127.0.0.1', 0))\n"
-        "print('ready', flush=True)\n"
         "try:\n"
+        "    print('ready', flush=True)\n"
         "    listener.accept()\n"
         "except KeyboardInterrupt:\n"
         "    print('stopped', flush=True)\n"
@@ -163,4 +163,4 @@ def test_tensorboard_stops_on_ctrl_c_even_when_started_in_the_background_and_on_
         assert process.stdout.readline().strip() == "ready"
         process.send_signal(sig)
         out, _ = process.communicate(timeout=20)
-        assert (process.returncode, out.strip()) == (0, "stopped"), sig
+        assert (process.returncode, out.strip()) == (0, "stopped"), (sig, process.returncode, out)

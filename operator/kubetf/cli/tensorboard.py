@@ -88,13 +88,13 @@ def run(kube: Kube, namespace: str, name: str, local_port: int, image: str | Non
         raise JobError(f"trainingjob {namespace}/{name} not found")
     pod = tensorboard_pod(job, image)
     pod_name = pod["metadata"]["name"]
-    _delete(kube, namespace, pod_name)
-    _wait(lambda: kube.get_pod(namespace, pod_name) is None, 60, f"an earlier {pod_name} to go")
-    kube.create(pod)
-    listener = socket.create_server(("127.0.0.1", local_port))
+    listener = socket.create_server(("127.0.0.1", local_port))  # a port in use fails before anything is created
     forwards = _OpenForwards()
     _stop_on_signals()
-    try:
+    try:  # from here a signal at any point still deletes the pod
+        _delete(kube, namespace, pod_name)
+        _wait(lambda: kube.get_pod(namespace, pod_name) is None, 60, f"an earlier {pod_name} to go")
+        kube.create(pod)
         out.write(f"starting TensorBoard for {namespace}/{name} in pod {pod_name} ...\n")
         out.flush()
         _wait(lambda: _ready(kube.get_pod(namespace, pod_name)), READY_TIMEOUT, f"pod {pod_name} to be ready")
