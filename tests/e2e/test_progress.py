@@ -15,7 +15,8 @@ from tests.cluster.fixture import wait_for
 from .conftest import OPERATOR_NAMESPACE, columns
 
 # An unchanged Keras `fit` program (no kubetf import): the image's sitecustomize makes it report. The callback only
-# slows it down so that it trains for a couple of minutes, long enough for status.progress to be written mid-run.
+# slows it down so that it trains for about 30 s: status.progress is written every 5 s here (CHART_VALUES), so
+# several times mid-run, each with its ETA.
 FIT_PROGRAM = """
 import time
 import numpy as np
@@ -31,7 +32,7 @@ y = x.sum(axis=1, keepdims=True)
 
 class Slow(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
-        time.sleep(1.2)
+        time.sleep(0.4)
 
 model.fit(x, y, epochs=10, batch_size=32, callbacks=[Slow()], verbose=2)
 """

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
 
 from kubetf.cli.jobctl import progress_line  # noqa: E402
+from tests.progress_server import ProgressServer  # noqa: E402
 
 
 # First: xdist's worker reads `xdist_group` in its own hook, and a marker added after it is never seen.
@@ -186,3 +187,57 @@ def local_run(tmp_path: Path) -> Iterator[Callable[..., LocalRun]]:
 
 def api_name(job: dict[str, Any]) -> str:
     return str(job["metadata"]["name"])
+
+
+# Progress reports (protocol v1) to tests.progress_server, a local stand-in for the operator's endpoint.
+TOKEN = "projected-sa-token"
+
+
+def local_progress_env(server: ProgressServer, tmp_path: Path, **extra: str) -> list[str]:
+    """`kubetf local` arguments that give every task the operator's progress variables, as its pods get them."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    env = {
+        "KUBETF_PROGRESS_URL": server.url,
+        "KUBETF_PROGRESS_TOKEN_FILE": str(token),
+        "KUBETF_PROGRESS_INTERVAL": "0.5",
+        **extra,
+    }
+    return [arg for name, value in env.items() for arg in ("--env", f"{name}={value}")]
+
+
+def epoch_ends(server: ProgressServer) -> list[tuple[int, int]]:
+    """(epoch, step) of the reports at epoch ends, in order, once each (the exit-time report repeats the last)."""
+    out: list[tuple[int, int]] = []
+    for b in server.accepted:
+        if b.get("steps") and b["step"] * b["epochs"] == b["epoch"] * b["steps"] and (b["epoch"], b["step"]) not in out:
+            out.append((b["epoch"], b["step"]))
+    return out
+
+
+def at_epoch_end(server: ProgressServer, epoch: int) -> dict[str, Any]:
+    return next(
+        b
+        for b in server.accepted
+        if b.get("steps") and (b["epoch"], b["step"]) in epoch_ends(server) and b["epoch"] == epoch
+    )
+
+
+def with_results(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reports that carry results: all but a final one that only repeats the position (the report at exit is
+    sent alone when the last result went out more than 0.5 s before it; else the two are one)."""
+    return [b for b in reports if "metrics" in b or not b["final"]]
+
+
+def assert_authenticated(server: ProgressServer) -> None:
+    assert server.errors == [], server.errors  # every body passed the operator's parser
+    assert {r["headers"].get("Authorization") for r in server.requests} == {f"Bearer {TOKEN}"}
+
+
+def assert_clean(server: ProgressServer) -> None:
+    """One run of one reporting task: authenticated, the step never goes back, one final report, last."""
+    assert_authenticated(server)
+    steps = [b["step"] for b in server.accepted if "step" in b]
+    assert steps == sorted(steps), steps
+    assert server.accepted[-1]["final"] is True
+    assert [b["final"] for b in server.accepted].count(True) == 1

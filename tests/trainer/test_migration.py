@@ -1,94 +1,22 @@
-"""Programs moved from Kubeflow's TFJob and the guides' custom training loops, run by `kubetf local` with the
-operator's restart rules. Tiny on purpose (2 CPU cores)."""
+"""The guides' custom training loops, unchanged, run by `kubetf local` with the operator's restart rules and its
+progress variables: they train, resume, and their own prints reach the operator as progress. (A TF1 program moved
+from Kubeflow's TFJob is e2e's test_migration.py: converted, its ps lost and recreated on the cluster, the chief
+and the workers going on from the chief's checkpoint.) Tiny on purpose (2 CPU cores)."""
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
 import signal
 
 import pytest
-from conftest import make_job
+from conftest import TOKEN, assert_authenticated, assert_clean, local_progress_env, make_job
 
-from kubetf.core.convert import convert
-
-
-def tf1_records(lines: list[str], label: str, kind: str) -> list[dict]:
-    prefix = f"{label} | "
-    records = []
-    for line in lines:
-        if line.startswith(prefix) and line[len(prefix) :].startswith('{"tf1"'):
-            record = json.loads(line[len(prefix) :])
-            if record["tf1"] == kind:
-                records.append(record)
-    return records
+from tests.progress_server import progress_server
 
 
 @pytest.mark.timeout(300)
-def test_converted_tf1_between_graph_job_survives_a_lost_ps(local_run, tmp_path):
-    """The classic dist-mnist layout (PS + Worker, no chief) converted from a TFJob: the lost ps is recreated
-    alone, the chief (worker 0) restores the variables from its checkpoint, every worker finishes."""
-    container = {
-        "name": "tensorflow",
-        "image": "kubetf/trainer:0.1.0",
-        "command": [
-            "python",
-            "/opt/kubetf/examples/tf1_between_graph.py",
-            "--train-steps",
-            "3000",
-            "--checkpoint-dir",
-            str(tmp_path / "model"),
-        ],
-    }
-    replica = {"restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
-    tfjob = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": {"name": "tf1"},
-        "spec": {
-            "successPolicy": "AllWorkers",
-            "runPolicy": {"cleanPodPolicy": "Running"},
-            "tfReplicaSpecs": {"PS": {"replicas": 1, **replica}, "Worker": {"replicas": 2, **replica}},
-        },
-    }
-    conversion = convert(tfjob)
-    assert conversion.notes == []
-    job = conversion.job
-    assert job["spec"]["strategy"] == "Independent"
-    run = local_run(job)
-    run.wait_for(
-        lambda lines: any(r["step"] >= 600 for r in tf1_records(lines, "worker-0", "progress")),
-        180,
-        "600 global steps (checkpoints every 200)",
-    )
-    # A non-chief worker polls for the initialised model every 30 s (TF's SessionManager): on a busy machine the
-    # chief could finish every step meanwhile. It waits, paused, until worker 1 has a session to recover.
-    os.kill(run.pid("worker-0"), signal.SIGSTOP)
-    try:
-        run.wait_for(lambda lines: tf1_records(lines, "worker-1", "session"), 120, "worker 1 in session")
-        os.kill(run.pid("ps-0"), signal.SIGKILL)
-    finally:
-        os.kill(run.pid("worker-0"), signal.SIGCONT)
-    assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
-
-    restarts = [line for line in run.lines if "restarting" in line]
-    assert len(restarts) == 1 and restarts[0].endswith("restarting ps-0 (failures 0, disruptions 1)"), restarts
-    assert [line for line in run.lines if "started worker-" in line and "attempt 1" in line] == []
-    # Both workers recreated their session on the restarted ps (a worker may recover twice while the new ps comes
-    # up) and went on from the chief's checkpoint, not from step 0.
-    chief_resumed, *_ = tf1_records(run.lines, "worker-0", "resumed")
-    assert 200 <= chief_resumed["step"] < 3000, chief_resumed
-    # Under load the chief may finish the remaining steps before worker 1 has its new session: 3000 is allowed.
-    worker_resumed, *_ = tf1_records(run.lines, "worker-1", "resumed")
-    assert worker_resumed["step"] >= 200, worker_resumed
-    for label in ("worker-0", "worker-1"):
-        (done,) = tf1_records(run.lines, label, "done")
-        assert done["step"] >= 3000
-    assert run.lines[-1].endswith("job succeeded (failures 0, disruptions 1)")
-
-
-@pytest.mark.timeout(300)
-def test_guide_ps_custom_training_loop_with_cluster_coordinator(local_run):
+def test_guide_ps_custom_training_loop_with_cluster_coordinator_trains_and_its_prints_are_reported(local_run, tmp_path):
     job = make_job(
         "ps-ctl",
         "ParameterServer",
@@ -96,18 +24,29 @@ def test_guide_ps_custom_training_loop_with_cluster_coordinator(local_run):
         ["--epochs", "2", "--steps-per-epoch", "5"],
         example="ps_custom_loop.py",
     )
-    run = local_run(job)
-    assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
+    with progress_server(token=TOKEN) as server:
+        run = local_run(job, *local_progress_env(server, tmp_path, KUBETF_PROGRESS_EPOCHS="2"))
+        assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
     epochs = [line for line in run.lines if line.startswith("chief-0 | Finished epoch")]
     assert len(epochs) == 2, run.lines[-40:]
     assert any(line.startswith("chief-0 | Final loss is") for line in run.lines)
+
+    # The coordinator's "Finished epoch ..." and "Final loss is ..." lines, read by the image's sitecustomize: the
+    # chief reports, the workers and the ps (the same program) do not
+    assert_clean(server)
+    reported = [b["epoch"] for b in server.accepted]
+    assert reported[0] == 1 and reported[-1] == 2 and reported == sorted(reported)
+    assert server.status is not None and server.status["summary"] == "100%"
+    assert set(server.status["metrics"]) == {"accuracy", "loss"}
 
 
 EPOCHS = 16  # still training a second after the SIGTERM, when TensorFlow says it swallowed it: about 1 s an epoch
 
 
 @pytest.mark.timeout(420)
-def test_guide_mwms_custom_training_loop_resumes_from_its_checkpoint_manager_checkpoint(local_run):
+def test_guide_mwms_custom_training_loop_resumes_from_its_checkpoint_manager_checkpoint_and_reports(
+    local_run, tmp_path
+):
     job = make_job(
         "mwms-ctl",
         "MultiWorkerMirrored",
@@ -120,10 +59,11 @@ def test_guide_mwms_custom_training_loop_resumes_from_its_checkpoint_manager_che
     job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["env"] = [
         {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "1"}
     ]
-    run = local_run(job)
-    run.wait_for(lambda lines: any(line.startswith("worker-0 | Epoch: 1,") for line in lines), 240, "epoch 1 done")
-    os.kill(run.pid("worker-1"), signal.SIGTERM)  # a preemption: the whole group restarts
-    assert run.wait_exit(300) == 0, "\n".join(run.lines[-40:])
+    with progress_server(token=TOKEN) as server:
+        run = local_run(job, *local_progress_env(server, tmp_path, KUBETF_PROGRESS_EPOCHS=str(EPOCHS)))
+        run.wait_for(lambda lines: any(line.startswith("worker-0 | Epoch: 1,") for line in lines), 240, "epoch 1 done")
+        os.kill(run.pid("worker-1"), signal.SIGTERM)  # a preemption: the whole group restarts
+        assert run.wait_exit(300) == 0, "\n".join(run.lines[-40:])
 
     restart = run.index_of("restarting worker-0, worker-1")
     resumed = [line for line in run.lines[restart:] if line.startswith("worker-0 | Resumed from ")]
@@ -135,3 +75,16 @@ def test_guide_mwms_custom_training_loop_resumes_from_its_checkpoint_manager_che
     ]
     assert epochs_after == list(range(step // 10, EPOCHS))
     assert run.lines[-1].endswith("job succeeded (failures 0, disruptions 1)")
+
+    # The guide's "Epoch: N, accuracy: ..., train_loss: ..." prints on the chief (worker 0), read by the image's
+    # sitecustomize, across both attempts: the restarted chief first says where it resumed (its "Resumed from ..."
+    # line: a position, no metrics), may report that epoch again, then goes on to the end
+    assert_authenticated(server)
+    reported = [b["epoch"] for b in server.accepted]
+    assert sum(later < earlier for earlier, later in itertools.pairwise(reported)) <= 1, reported
+    assert all(b["epochs"] == EPOCHS for b in server.accepted)
+    assert all(set(b["metrics"]) == {"accuracy", "loss"} for b in server.accepted if "metrics" in b)
+    positions = [b for b in server.accepted if "metrics" not in b and not b["final"]]
+    assert positions == [{"epoch": step // 10, "epochs": EPOCHS, "final": False}], positions
+    assert reported[-1] == EPOCHS and server.accepted[-1]["final"]
+    assert server.status is not None and server.status["summary"] == "100%"

@@ -1,28 +1,23 @@
 """Progress reports from real TensorFlow programs to a local stand-in for the operator's endpoint (protocol v1).
 
 Each program runs as a subprocess with the trainer image's PYTHONPATH (so its sitecustomize loads), the operator's
-variables (KUBETF_PROGRESS_URL, KUBETF_PROGRESS_TOKEN_FILE) and tiny models: a few seconds of training each.
+variables (KUBETF_PROGRESS_URL, KUBETF_PROGRESS_TOKEN_FILE) and tiny models: a few seconds of training each. The
+distributed programs' reports are asserted where those programs already run (TensorFlow once per scenario): the
+library's callback and the sidecar evaluator in test_training.py, the guides' custom loops' prints in
+test_migration.py.
 """
 
 from __future__ import annotations
 
-import glob
-import json
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
-import pytest
-from conftest import REPO, child_env, make_job
+from conftest import TOKEN, assert_clean, child_env, epoch_ends
 
-from kubetf.cli.jobctl import progress_line
-from tests.progress_server import ProgressServer, closed_port_url, progress_server
-
-EXAMPLES = REPO / "trainer_image" / "examples"
-TOKEN = "projected-sa-token"
+from tests.progress_server import closed_port_url, progress_server
 
 
 def run(
@@ -52,79 +47,6 @@ def program(tmp_path: Path, *sources: str) -> str:
     path = tmp_path / "train.py"
     path.write_text("".join(textwrap.dedent(source) for source in sources))
     return str(path)
-
-
-def epoch_ends(server: ProgressServer) -> list[tuple[int, int]]:
-    """(epoch, step) of the reports at epoch ends, in order, once each (the exit-time report repeats the last)."""
-    out: list[tuple[int, int]] = []
-    for b in server.accepted:
-        if b.get("steps") and b["step"] * b["epochs"] == b["epoch"] * b["steps"] and (b["epoch"], b["step"]) not in out:
-            out.append((b["epoch"], b["step"]))
-    return out
-
-
-def at_epoch_end(server: ProgressServer, epoch: int) -> dict[str, Any]:
-    return next(
-        b
-        for b in server.accepted
-        if b.get("steps") and (b["epoch"], b["step"]) in epoch_ends(server) and b["epoch"] == epoch
-    )
-
-
-def assert_clean(server: ProgressServer) -> None:
-    assert server.errors == [], server.errors  # every body passed the operator's parser
-    assert {r["headers"].get("Authorization") for r in server.requests} == {f"Bearer {TOKEN}"}
-    steps = [b["step"] for b in server.accepted if "step" in b]
-    assert steps == sorted(steps), steps  # one run: the step never goes back
-    assert server.accepted[-1]["final"] is True
-    assert [b["final"] for b in server.accepted].count(True) == 1
-
-
-def test_the_librarys_callback_reports_epochs_steps_and_the_evaluator_its_metrics(tmp_path):
-    with progress_server(token=TOKEN) as server:
-        out = run(
-            [str(EXAMPLES / "mnist_mwms.py"), "--data", "synthetic", "--epochs", "3", "--steps-per-epoch", "15"],
-            tmp_path,
-            server.url,
-            KUBETF_PROGRESS_INTERVAL="0.2",
-        )
-        assert_clean(server)
-        assert epoch_ends(server) == [(1, 15), (2, 30), (3, 45)]
-        assert all(b["epochs"] == 3 and b["steps"] == 45 for b in server.accepted)
-        assert set(at_epoch_end(server, 3)["metrics"]) == {"loss", "accuracy"}
-        assert server.accepted[-1]["step"] == 45
-        assert server.status is not None
-        assert (server.status["percent"], server.status["summary"], server.status["final"]) == (100.0, "100%", True)
-        assert [p["epoch"] for p in server.status["history"] if p["step"] == 15 * p["epoch"]] == [1, 2, 3]
-        # The JSON lines kubetf submit reads are unchanged
-        kinds = [r["kubetf"] for r in map(progress_line, out.stdout.splitlines()) if r]
-        assert kinds == ["start", "progress", "progress", "progress", "done"]
-        # TensorBoard: the chief's epoch scalars in the checkpoint volume
-        assert glob.glob(str(tmp_path / "ckpt" / "tensorboard" / "train" / "events.out.tfevents.*"))
-
-    # The evaluator of the same job: each checkpoint's metrics, and nothing else
-    with progress_server(token=TOKEN) as server:
-        evaluator = json.dumps({"cluster": {"evaluator": ["localhost:1"]}, "task": {"type": "evaluator", "index": 0}})
-        run(
-            [str(EXAMPLES / "mnist_mwms.py"), "--data", "synthetic", "--epochs", "3", "--eval-steps", "2"],
-            tmp_path,
-            server.url,
-            TF_CONFIG=evaluator,
-            KUBETF_ROLE="evaluator",
-            KUBETF_INDEX="0",
-        )
-        assert server.errors == []
-        epochs = [b["epoch"] for b in server.accepted]  # evaluations within 0.5 s of each other are coalesced
-        assert epochs[0] == 1 and epochs[-1] == 3 and epochs == sorted(epochs)
-        assert all(set(b["metrics"]) == {"loss", "accuracy"} for b in with_results(server.accepted))
-        assert all("step" not in b for b in server.accepted)
-        assert glob.glob(str(tmp_path / "ckpt" / "tensorboard" / "eval" / "events.out.tfevents.*"))
-
-
-def with_results(reports: list[dict]) -> list[dict]:
-    """The reports that carry results: all but a final one that only repeats the position (the report at exit is
-    sent alone when the last result went out more than 0.5 s before it; else the two are one)."""
-    return [b for b in reports if "metrics" in b or not b["final"]]
 
 
 GUIDE_FIT = """
@@ -215,23 +137,6 @@ def test_nothing_is_imported_or_wrapped_at_start_unless_reports_are_on(tmp_path)
         assert other.stdout.strip() == "[] False None", other.stderr
 
 
-def test_the_mwms_custom_loops_prints_are_reported(tmp_path):
-    with progress_server(token=TOKEN) as server:
-        args = [str(EXAMPLES / "mwms_custom_loop.py"), "--epochs", "3", "--steps-per-epoch", "4"]
-        out = run(args, tmp_path, server.url, KUBETF_PROGRESS_EPOCHS="3")
-        assert out.stdout.count("Epoch: ") == 3
-        assert_clean(server)
-        epochs = [b["epoch"] for b in server.accepted]  # epochs less than 0.5 s apart are coalesced
-        assert epochs[0] == 1 and epochs[-1] == 3 and epochs == sorted(epochs)
-        assert all(b["epochs"] == 3 for b in server.accepted)
-        assert all(set(b["metrics"]) == {"accuracy", "loss"} for b in with_results(server.accepted))
-        assert server.status is not None and server.status["summary"] == "100%"
-
-        # A second run resumes from the checkpoint and says so
-        run(args, tmp_path, server.url, KUBETF_PROGRESS_EPOCHS="3")
-        assert server.accepted[-1]["epoch"] == 3 and server.accepted[-1]["final"]
-
-
 FAULT_TOLERANCE_LOOP = """
     # The fault tolerance migration guide's custom training loop, as the guide writes it.
     import tempfile
@@ -311,56 +216,3 @@ def test_a_keras_3_fit_reports_too(tmp_path):
         last = server.accepted[-1]
         assert (last["epoch"], last["epochs"], last["step"], last["steps"]) == (2, 2, 400, 400)
         assert server.status is not None and set(server.status["metrics"]) == {"loss", "accuracy"}
-
-
-def _local_env(server: ProgressServer, tmp_path: Path, **extra: str) -> list[str]:
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    env = {
-        "KUBETF_PROGRESS_URL": server.url,
-        "KUBETF_PROGRESS_TOKEN_FILE": str(token),
-        "KUBETF_PROGRESS_INTERVAL": "0.5",
-        **extra,
-    }
-    return [arg for name, value in env.items() for arg in ("--env", f"{name}={value}")]
-
-
-@pytest.mark.timeout(300)
-def test_parameter_server_training_reports_from_the_coordinator_only(local_run, tmp_path):
-    """kubetf local gives every task the operator's own environment: the chief (ParameterServerStrategy's
-    coordinator) reports its fit's epoch ends; the worker and the ps send nothing."""
-    job = make_job(
-        "psprogress",
-        "ParameterServer",
-        {"chief": 1, "worker": 1, "ps": 1},
-        ["--data", "synthetic", "--epochs", "3", "--steps-per-epoch", "5"],
-        example="ps_training.py",
-    )
-    with progress_server(token=TOKEN) as server:
-        run = local_run(job, *_local_env(server, tmp_path))
-        assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
-        assert_clean(server)
-        assert epoch_ends(server)[-1] == (3, 15)
-        # epoch ends only (batch-level logs are not known yet under ParameterServerStrategy)
-        assert all(b["step"] % 5 == 0 and b["epochs"] == 3 for b in server.accepted)
-        assert len(server.accepted) <= 4
-
-
-@pytest.mark.timeout(300)
-def test_the_ps_custom_loops_prints_are_reported(local_run, tmp_path):
-    job = make_job(
-        "psloop",
-        "ParameterServer",
-        {"chief": 1, "worker": 1, "ps": 1},
-        ["--epochs", "3", "--steps-per-epoch", "3"],
-        example="ps_custom_loop.py",
-    )
-    with progress_server(token=TOKEN) as server:
-        run = local_run(job, *_local_env(server, tmp_path, KUBETF_PROGRESS_EPOCHS="3"))
-        assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
-        assert any("chief-0 | Final loss is" in line for line in run.lines)
-        assert_clean(server)
-        epochs = [b["epoch"] for b in server.accepted]
-        assert epochs[0] == 1 and epochs[-1] == 3 and epochs == sorted(epochs)
-        assert server.status is not None and server.status["summary"] == "100%"
-        assert set(server.status["metrics"]) == {"accuracy", "loss"}  # "Finished epoch ..." and "Final loss is ..."

@@ -3,11 +3,23 @@ kubetf.core.policy). Small on purpose: a few epochs of a few steps on scikit-lea
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 
 import pytest
-from conftest import make_job
+from conftest import (
+    TOKEN,
+    assert_authenticated,
+    assert_clean,
+    at_epoch_end,
+    epoch_ends,
+    local_progress_env,
+    make_job,
+    with_results,
+)
+
+from tests.progress_server import progress_server
 
 MWMS_ARGS = ["--data", "digits", "--batch-size", "32", "--learning-rate", "0.05"]
 
@@ -17,7 +29,7 @@ def _epochs(records: list[dict]) -> list[int]:
 
 
 @pytest.mark.timeout(300)
-def test_mwms_two_workers_train_and_loss_falls(local_run):
+def test_mwms_two_workers_train_loss_falls_and_the_chief_reports_progress(local_run, tmp_path):
     job = make_job(
         "mwms",
         "MultiWorkerMirrored",
@@ -25,8 +37,9 @@ def test_mwms_two_workers_train_and_loss_falls(local_run):
         [*MWMS_ARGS, "--epochs", "3", "--steps-per-epoch", "12"],
         example="mnist_mwms.py",
     )
-    run = local_run(job)
-    assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
+    with progress_server(token=TOKEN) as server:
+        run = local_run(job, *local_progress_env(server, tmp_path, KUBETF_PROGRESS_INTERVAL="0.2"))
+        assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
 
     for label in ("worker-0", "worker-1"):
         start = run.records("start", label)
@@ -41,10 +54,24 @@ def test_mwms_two_workers_train_and_loss_falls(local_run):
     assert len(done) == 1 and done[0]["role"] == "worker" and done[0]["index"] == 0
     assert os.path.isfile(os.path.join(done[0]["model_path"], "saved_model.pb"))
     assert "job succeeded (failures 0, disruptions 0)" in run.lines[-1]
+    # The JSON lines `kubetf submit` reads are as they were without reports
+    assert [r["kubetf"] for r in run.records(label="worker-0")] == ["start", "progress", "progress", "progress", "done"]
+
+    # The library's callback reports to the operator from the chief (worker 0) alone: one run, one final report
+    assert_clean(server)
+    assert epoch_ends(server) == [(1, 12), (2, 24), (3, 36)]
+    assert all(b["epochs"] == 3 and b["steps"] == 36 for b in server.accepted)
+    assert set(at_epoch_end(server, 3)["metrics"]) == {"loss", "accuracy"}
+    assert server.accepted[-1]["step"] == 36
+    assert server.status is not None
+    assert (server.status["percent"], server.status["summary"], server.status["final"]) == (100.0, "100%", True)
+    assert [p["epoch"] for p in server.status["history"] if p["step"] == 12 * p["epoch"]] == [1, 2, 3]
+    # TensorBoard: the chief's epoch scalars in the checkpoint volume
+    assert glob.glob(str(run.workdir / "run" / "checkpoint" / "tensorboard" / "train" / "events.out.tfevents.*"))
 
 
 @pytest.mark.timeout(300)
-def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run):
+def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run, tmp_path):
     job = make_job(
         "ps",
         "ParameterServer",
@@ -52,8 +79,9 @@ def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run):
         ["--data", "digits", "--epochs", "3", "--steps-per-epoch", "15"],
         example="ps_training.py",
     )
-    run = local_run(job)
-    assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
+    with progress_server(token=TOKEN) as server:
+        run = local_run(job, *local_progress_env(server, tmp_path))
+        assert run.wait_exit(240) == 0, "\n".join(run.lines[-40:])
 
     progress = run.records("progress", "chief-0")
     assert _epochs(progress) == [1, 2, 3]
@@ -66,6 +94,22 @@ def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run):
     # the evaluator stopped by itself after the last checkpoint; ps and workers were stopped by kubetf local
     assert any("evaluator-0 succeeded" in line for line in run.lines)
     assert not any(r["role"] in ("worker", "ps") for r in run.records())
+
+    # Reports to the operator (every task has its variables, as in pods): the chief, ParameterServerStrategy's
+    # coordinator, reports its fit's epoch ends (batch-level logs are not known yet under ParameterServerStrategy);
+    # the evaluator each checkpoint's metrics, with no step; the workers and the ps nothing.
+    assert_authenticated(server)
+    chief = [b for b in server.accepted if "step" in b]
+    evaluator = [b for b in server.accepted if "step" not in b]
+    assert epoch_ends(server) == [(1, 15), (2, 30), (3, 45)]
+    assert all(b["step"] % 15 == 0 and b["epochs"] == 3 for b in chief)
+    assert len(chief) <= 4 and [b["final"] for b in chief].count(True) == 1 and chief[-1]["final"]
+    epochs = [b["epoch"] for b in evaluator]  # evaluations within 0.5 s of each other are coalesced
+    assert epochs[0] == 1 and epochs[-1] == 3 and epochs == sorted(epochs), evaluator
+    assert all(set(b["metrics"]) == {"loss", "accuracy"} for b in with_results(evaluator))
+    assert [b["final"] for b in evaluator].count(True) == 1
+    checkpoints = run.workdir / "run" / "checkpoint"
+    assert glob.glob(str(checkpoints / "tensorboard" / "eval" / "events.out.tfevents.*"))
 
 
 @pytest.mark.timeout(400)
