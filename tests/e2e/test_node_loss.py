@@ -20,9 +20,10 @@ from tests.integration.conftest import pod_template
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("fake-nodes")]  # kwok-node-3 is stopped and started
 
 NODES = 5  # a 1+3 job spread one pod per node, and room for the new group once one node is lost
-# The bound on "lost node to job Running again" (MWMS): the node controller's grace period before NotReady (50 s),
-# the operator's node check (every 10 s while it waits for a pod being deleted there), the new group's start.
-RECOVERY_BOUND_SECONDS = 100
+# "Lost node to job Running again" takes the node controller's grace period before NotReady (50 s), the operator's
+# node check (every 10 s while it waits for a pod being deleted there) and the new group's start: about 70 s. The
+# tests print it; they fail only when the job never recovers (a bound on the time would be a benchmark's).
+NEVER_RECOVERED_SECONDS = 300
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def test_an_mwms_job_whose_node_vanishes_restarts_as_one_disruption_on_the_remai
 
         # The whole new group appears only once every old member is gone, the one on the lost node included.
         new_pods = wait_for(
-            recovered, RECOVERY_BOUND_SECONDS + 30,
+            recovered, NEVER_RECOVERED_SECONDS,
             lambda: f"the new group Running: {installed.describe(namespace, 'mw')}; nodes: {nodes_state(installed)}",
             interval=1,
         )  # fmt: skip
@@ -137,7 +138,6 @@ def test_an_mwms_job_whose_node_vanishes_restarts_as_one_disruption_on_the_remai
         assert status["restarts"]["disruptions"] == 1 and status["restarts"]["failures"] == 0, status["restarts"]
         assert f"NodeLost: node {lost}" in status["restarts"]["lastReason"]
         assert any(e["reason"] == "ForceDeleted" for e in installed.events(namespace, "mw"))
-        assert elapsed <= RECOVERY_BOUND_SECONDS, f"recovered after {elapsed:.0f}s, bound {RECOVERY_BOUND_SECONDS}s"
     finally:
         kwok.start_fake_node(installed.kubeconfig, lost)
     wait_for(lambda: lost in kwok.ready_fake_nodes(installed.core), 60, f"{lost} Ready again")
@@ -194,7 +194,7 @@ def test_a_parameter_server_job_whose_ps_node_is_lost_recreates_the_ps_and_the_c
             return current if attempts == wanted and phases == {"Running"} else None
 
         new_pods = wait_for(
-            recovered, 150,
+            recovered, NEVER_RECOVERED_SECONDS,
             lambda: f"the ps and the chief recreated and Running: {installed.describe(namespace, 'ps')}; "
                     f"nodes: {nodes_state(installed)}",
             interval=1,
