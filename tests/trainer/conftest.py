@@ -215,6 +215,12 @@ def epoch_ends(server: ProgressServer) -> list[tuple[int, int]]:
     return out
 
 
+def is_subsequence(items: list[Any], of: list[Any]) -> bool:
+    """Every item in `of`, in its order (reports coalesced by the reporter leave some out)."""
+    rest = iter(of)
+    return all(item in rest for item in items)
+
+
 def at_epoch_end(server: ProgressServer, epoch: int) -> dict[str, Any]:
     return next(
         b

@@ -14,6 +14,7 @@ from conftest import (
     assert_clean,
     at_epoch_end,
     epoch_ends,
+    is_subsequence,
     local_progress_env,
     make_job,
     with_results,
@@ -58,14 +59,17 @@ def test_mwms_two_workers_train_loss_falls_and_the_chief_reports_progress(local_
     assert [r["kubetf"] for r in run.records(label="worker-0")] == ["start", "progress", "progress", "progress", "done"]
 
     # The library's callback reports to the operator from the chief (worker 0) alone: one run, one final report
+    # (a new epoch goes out at once, unless a POST is in flight: then the newest state wins, an epoch end may be
+    # skipped)
     assert_clean(server)
-    assert epoch_ends(server) == [(1, 12), (2, 24), (3, 36)]
+    assert is_subsequence(epoch_ends(server), [(1, 12), (2, 24), (3, 36)]) and epoch_ends(server)[-1] == (3, 36)
     assert all(b["epochs"] == 3 and b["steps"] == 36 for b in server.accepted)
     assert set(at_epoch_end(server, 3)["metrics"]) == {"loss", "accuracy"}
     assert server.accepted[-1]["step"] == 36
     assert server.status is not None
     assert (server.status["percent"], server.status["summary"], server.status["final"]) == (100.0, "100%", True)
-    assert [p["epoch"] for p in server.status["history"] if p["step"] == 12 * p["epoch"]] == [1, 2, 3]
+    history = [p["epoch"] for p in server.status["history"] if p["step"] == 12 * p["epoch"]]
+    assert is_subsequence(history, [1, 2, 3]) and history[-1] == 3, server.status["history"]
     # TensorBoard: the chief's epoch scalars in the checkpoint volume
     assert glob.glob(str(run.workdir / "run" / "checkpoint" / "tensorboard" / "train" / "events.out.tfevents.*"))
 
@@ -101,7 +105,7 @@ def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run, tmp_path
     assert_authenticated(server)
     chief = [b for b in server.accepted if "step" in b]
     evaluator = [b for b in server.accepted if "step" not in b]
-    assert epoch_ends(server) == [(1, 15), (2, 30), (3, 45)]
+    assert is_subsequence(epoch_ends(server), [(1, 15), (2, 30), (3, 45)]) and epoch_ends(server)[-1] == (3, 45)
     assert all(b["step"] % 15 == 0 and b["epochs"] == 3 for b in chief)
     assert len(chief) <= 4 and [b["final"] for b in chief].count(True) == 1 and chief[-1]["final"]
     epochs = [b["epoch"] for b in evaluator]  # evaluations within 0.5 s of each other are coalesced
