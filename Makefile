@@ -23,7 +23,7 @@ IS_LOCAL := $(if $(filter $(LOCAL_KUBECONFIG),$(TARGET_KUBECONFIG)),yes,)
 KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
-.PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster \
+.PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster test-trainer-beside-alone \
 	cluster cluster-down images install \
 	demo demo-kueue bench bench-scale bench-compare bench-kueue bench-kueue-scale bench-progress
 help:
@@ -55,8 +55,8 @@ manifests: ## copy the CRD (the single source) to manifests/ and the chart; re-r
 
 # The cluster tiers run on xdist workers (tests wait on the API server and on pods far more than they compute): each
 # worker has its own operator, Lease and namespaces (tests/integration/conftest.py); tests marked `serial` (they
-# restart the API server, replace or uninstall the installed operator) run afterwards, alone. Each stage writes JUnit
-# XML to $(RESULTS); `make test` ends with tests/summary.py's table.
+# restart the API server, replace or uninstall the installed operator) run afterwards, alone on the cluster. Each
+# stage writes JUnit XML to $(RESULTS); `make test` ends with tests/summary.py's table.
 WORKERS ?= 3
 RESULTS ?= .test-results
 XDIST = -n $(WORKERS) --dist loadgroup
@@ -91,17 +91,24 @@ test: venv tools ## every test tier, each stage timed, then one table (tiers, st
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	@$(call stage,lint,$(MAKE) --no-print-directory lint)
 	@$(call stage,unit,$(MAKE) --no-print-directory test-unit)
-	@# TensorFlow on local processes (one at a time) beside the integration tier, which mostly waits
-	@$(call stage,trainer + integration (parallel),$(PYTEST) $(XDIST) -m "trainer or (integration and not serial)" \
-		tests/trainer tests/integration $(call junit,trainer-integration))
+	@$(call stage,integration (parallel),$(PYTEST) $(XDIST) -m "integration and not serial" tests/integration \
+		$(call junit,integration))
 	@$(call stage,images,$(MAKE) --no-print-directory images)
 	@$(call stage,e2e (parallel),KUBETF_IMAGES_BUILT=1 $(PYTEST) $(XDIST) -m "e2e and not serial" tests/e2e \
 		$(call junit,e2e))
-	@$(call stage,e2e (alone),KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone))
-	@# Last: the API server restarts, and the cluster's components with it (they settle for a while after)
-	@$(call stage,integration (alone),$(PYTEST) -m "integration and serial" tests/integration \
-		$(call junit,integration-alone))
+	@$(call stage,trainer beside the cluster tests that run alone,$(MAKE) --no-print-directory test-trainer-beside-alone)
 	@$(PY) -m tests.summary $(RESULTS)
+
+# The trainer tier needs no cluster, so it runs beside the cluster tests that must run alone (they mostly wait, it
+# computes; each alone they left a core idle): first the e2e ones (they replace or uninstall the installed
+# operator), last the API server restart (the cluster's components settle for a while after it). The trainer's
+# output goes to a file, shown when both are done.
+test-trainer-beside-alone: venv tools
+	@set +e; $(PYTEST) -m trainer tests/trainer $(call junit,trainer) > $(RESULTS)/trainer.log 2>&1 & trainer=$$!; \
+	KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone); alone=$$?; \
+	$(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone) || alone=1; \
+	wait $$trainer; trained=$$?; echo "::: the trainer tier, run beside them:"; cat $(RESULTS)/trainer.log; \
+	[ $$alone = 0 ] && [ $$trained = 0 ]
 
 test-quick: venv tools ## the edit-test loop: lint, unit and the integration tests that run in parallel (minutes)
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)

@@ -30,11 +30,13 @@ from .conftest import TEST_FLAGS, Cluster, Operator, mwms_spec, ps_spec
 
 KILLS = 20
 JOBS = 20
-CONVERGE_SECONDS = 30
 # How long a leader runs before it is killed: from its first moments (priming the cache, the first reconciles)
 # to the middle of a burst of restarts.
 LEAD_SECONDS = (0.0, 4.0)
-DEADLINE_SECONDS = 600  # the whole test; a run takes about KILLS x (lease expiry + LEAD_SECONDS)
+# The whole test, kills and convergence: a run takes about KILLS x (lease expiry + LEAD_SECONDS). How long the jobs
+# took to converge after the last kill is printed, not bounded (a duration is a benchmark's: `make bench` measures
+# takeovers).
+DEADLINE_SECONDS = 600
 # Shorter still than SHORT_LEASE_FLAGS: 20 takeovers are most of the test's time. A killed leader's lease expires
 # in 2 s.
 FLAGS = (*TEST_FLAGS, "--lease-duration", "2", "--renew-deadline", "1.5", "--retry-period", "0.25")
@@ -193,7 +195,6 @@ def test_operator_sigkilled_20_times_while_20_jobs_are_created_and_restarted(clu
         f"({failures} failures); {in_flight} jobs were restarting at the last kill; "
         f"every job converged {converged:.1f}s after it"
     )
-    assert converged <= CONVERGE_SECONDS
     assert all(job.done for job in jobs), "each job was restarted at least once while the operator was being killed"
     pods = cluster.live_pods_by_job(namespace)
     created = recorder.attempts_created()
