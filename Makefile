@@ -102,9 +102,10 @@ test: venv tools ## every test tier, each stage timed, then one table (tiers, st
 # The trainer tier needs no cluster, so it runs beside the cluster tests that must run alone (they mostly wait, it
 # computes; each alone they left a core idle): first the e2e ones (they replace or uninstall the installed
 # operator), last the API server restart (the cluster's components settle for a while after it). The trainer's
-# output goes to a file, shown when both are done.
+# output goes to a file, shown when both are done; Ctrl-C stops both.
 test-trainer-beside-alone: venv tools
 	@set +e; $(PYTEST) -m trainer tests/trainer $(call junit,trainer) > $(RESULTS)/trainer.log 2>&1 & trainer=$$!; \
+	trap 'kill -INT $$trainer 2>/dev/null; wait $$trainer; exit 130' INT TERM; \
 	KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone); alone=$$?; \
 	$(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone) || alone=1; \
 	wait $$trainer; trained=$$?; echo "::: the trainer tier, run beside them:"; cat $(RESULTS)/trainer.log; \

@@ -52,7 +52,7 @@ def main(results: Path) -> int:
         print("::: stages (wall seconds; CPU busy: the share of all cores in use meanwhile)")
         for line in stages.read_text().splitlines():
             name, took, *busy = line.split("\t")
-            print(f"  {name:<40} {int(took):>5}s  {''.join(busy):>4}".rstrip())
+            print(f"  {name:<48} {int(took):>5}s  {''.join(busy):>4}".rstrip())
     print("::: the 10 slowest tests")
     for took, name in sorted(cases, reverse=True)[:10]:
         print(f"  {took:>7.1f}s  {name}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +20,11 @@ sys.path[:0] = [str(REPO / "operator"), str(REPO / "trainer_image")]
 
 from kubetf.cli.jobctl import progress_line  # noqa: E402
 from tests.progress_server import ProgressServer  # noqa: E402
+
+# `make test` runs this tier in the background of a shell, which starts it with SIGINT ignored: Ctrl-C stopped the
+# cluster tests beside it and left this tier running. Python's own handler back, Ctrl-C stops it too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # First: xdist's worker reads `xdist_group` in its own hook, and a marker added after it is never seen.
