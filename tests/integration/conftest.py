@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -327,10 +328,30 @@ SHORT_LEASE_FLAGS = (*TEST_FLAGS, "--lease-duration", "3", "--renew-deadline", "
 AS_INSTALLED = ()  # the benchmarks': the operator's defaults (every namespace, the default Lease, its timings)
 
 
+def _port_block() -> Iterator[int]:
+    """This test process's own 1,000 ports, just below the kernel's ephemeral range: no outgoing connection is given
+    one of them between a check and an operator's bind (CI run 40: a port found free by binding port 0 was in use by
+    the time the operator bound it), and each xdist worker has its own block, so two never pick the same port."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...; "" outside xdist
+    index = int(worker[2:]) + 1 if worker.startswith("gw") else 0
+    top = ephemeral - 1000 * index
+    return iter(range(top - 1000, top))
+
+
+_PORTS = _port_block()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A local port no process listens on, for an operator this process starts (its health, metrics and progress)."""
+    for port in _PORTS:
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError("this test process used up its block of 1,000 local ports")
 
 
 class Operator:
