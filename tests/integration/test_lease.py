@@ -12,6 +12,7 @@ import time
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from kubetf.core import config
 from tests.cluster.fixture import wait_for
@@ -36,11 +37,20 @@ class Thief:
         self.namespace, self.name = config.DEFAULT_LEASE_NAMESPACE, LEASE_NAME
 
     def renew(self) -> None:
-        lease = self.api.read_namespaced_lease(self.name, self.namespace)
-        lease.spec.holder_identity = "thief"
-        lease.spec.lease_duration_seconds = 3
-        lease.spec.renew_time = micro_time()
-        self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+        # The operator may write the Lease between our read and our replace (renewing it while it still leads, or
+        # trying to take it back): a 409 then, and we read again, as any candidate does.
+        for _ in range(10):
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease.spec.holder_identity = "thief"
+            lease.spec.lease_duration_seconds = 3
+            lease.spec.renew_time = micro_time()
+            try:
+                self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+                return
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+        raise AssertionError("the Lease changed under every one of 10 renewals")
 
     def holder(self) -> str:
         return self.api.read_namespaced_lease(self.name, self.namespace).spec.holder_identity or ""

@@ -199,16 +199,17 @@ def api_name(job: dict[str, Any]) -> str:
 TOKEN = "projected-sa-token"
 
 
+def progress_variables(url: str, tmp_path: Path) -> dict[str, str]:
+    """The progress variables the operator gives a task, with a token file (its newline as `echo` writes one: the
+    reporter strips it)."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    return {"KUBETF_PROGRESS_URL": url, "KUBETF_PROGRESS_TOKEN_FILE": str(token), "KUBETF_PROGRESS_INTERVAL": "0.5"}
+
+
 def local_progress_env(server: ProgressServer, tmp_path: Path, **extra: str) -> list[str]:
     """`kubetf local` arguments that give every task the operator's progress variables, as its pods get them."""
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    env = {
-        "KUBETF_PROGRESS_URL": server.url,
-        "KUBETF_PROGRESS_TOKEN_FILE": str(token),
-        "KUBETF_PROGRESS_INTERVAL": "0.5",
-        **extra,
-    }
+    env = {**progress_variables(server.url, tmp_path), **extra}
     return [arg for name, value in env.items() for arg in ("--env", f"{name}={value}")]
 
 
@@ -228,10 +229,9 @@ def is_subsequence(items: list[Any], of: list[Any]) -> bool:
 
 
 def at_epoch_end(server: ProgressServer, epoch: int) -> dict[str, Any]:
+    ends = epoch_ends(server)
     return next(
-        b
-        for b in server.accepted
-        if b.get("steps") and (b["epoch"], b["step"]) in epoch_ends(server) and b["epoch"] == epoch
+        b for b in server.accepted if b.get("steps") and (b["epoch"], b["step"]) in ends and b["epoch"] == epoch
     )
 
 

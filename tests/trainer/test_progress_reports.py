@@ -15,7 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from conftest import TOKEN, assert_clean, child_env, epoch_ends
+from conftest import TOKEN, assert_clean, child_env, epoch_ends, progress_variables
 
 from tests.progress_server import closed_port_url, progress_server
 
@@ -23,12 +23,8 @@ from tests.progress_server import closed_port_url, progress_server
 def run(
     args: list[str], tmp_path: Path, url: str, timeout: float = 180, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
     defaults = {
-        "KUBETF_PROGRESS_URL": url,
-        "KUBETF_PROGRESS_TOKEN_FILE": str(token),
-        "KUBETF_PROGRESS_INTERVAL": "0.5",
+        **progress_variables(url, tmp_path),
         "KUBETF_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
         "KUBETF_JOB_NAME": "progress",
     }
