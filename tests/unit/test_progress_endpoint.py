@@ -10,7 +10,7 @@ from kubetf.core import builders
 from kubetf.core import progress as pg
 from kubetf.runtime.progress import ProgressEndpoint
 
-from .test_controller import T0, Shell, mwms
+from .test_controller import T0, Shell, _ended, mwms
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +31,7 @@ class Reporting:
         self.endpoint = ProgressEndpoint(self.shell.controller.config, clock=lambda: self.shell.now)
         self.leader = True
         self.endpoint.lead(self.shell.api, self.shell.controller.store, lambda: self.leader)
+        self.shell.controller.executor.progress = self.endpoint  # as the runner wires them
 
     def token_of(self, pod_name: str) -> str:
         pod = self.shell.api.pods[pod_name]
@@ -123,6 +124,39 @@ def test_writes_are_coalesced_per_job_and_the_final_report_goes_at_once():
     r.shell.now += 1
     r.post(token, {"step": 100, "steps": 100, "final": True})
     assert r.endpoint.write_due() == 1 and r.progress()["summary"] == "100%"
+
+
+def test_the_status_write_that_says_the_job_ended_carries_its_last_report():
+    # CI run 42: the chief's final report was accepted, its pod exited, and the job read Succeeded at 90% until the
+    # progress writer's turn came. The executor's write now carries what the writer has not written yet.
+    r = Reporting(progress_write_seconds=30)
+    token = r.token_of("mnist-chief-0")
+    r.post(token, {"epoch": 9, "epochs": 10})
+    assert r.endpoint.write_due() == 1
+    r.shell.now += 1
+    r.post(token, {"epoch": 10, "epochs": 10, "final": True})  # due at once, but the writer has not run yet
+    _ended(r.shell, "mnist-chief-0", "Succeeded")
+    r.shell.controller.reconcile(r.shell.key)
+    status = r.shell.status()
+    assert (status["phase"], status["progress"]["summary"], status["progress"]["epoch"]) == ("Succeeded", "100%", 10)
+    assert r.endpoint.write_due() == 0  # one write for both, nothing left for the writer
+
+
+def test_a_status_write_during_the_writers_own_carries_the_progress_in_flight():
+    r = Reporting()
+    token = r.token_of("mnist-chief-0")
+    seen_meanwhile = []
+    patch = r.shell.api.patch_job_status
+
+    def writers_patch(job, body):
+        seen_meanwhile.append(r.endpoint.unwritten(r.shell.key))  # what an executor's write now would carry
+        return patch(job, body)
+
+    r.post(token, {"epoch": 3, "epochs": 4})
+    r.shell.api.patch_job_status = writers_patch
+    assert r.endpoint.write_due() == 1
+    assert [p["epoch"] for p in seen_meanwhile] == [3]
+    assert r.endpoint.unwritten(r.shell.key) is None  # written: the executor's next write leaves progress alone
 
 
 def test_all_jobs_writes_stay_within_the_budget():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key, Store, changed_besides_status
@@ -30,6 +30,14 @@ URGENT = 0  # a pod ended, vanished or is being taken away, Kueue admitted or ev
 NORMAL = 1  # a new or changed job, a pod that started, a timer
 
 
+class Progress(Protocol):
+    """The progress endpoint (kubetf.runtime.progress), as the executor's status writes use it."""
+
+    def unwritten(self, key: Key) -> dict[str, Any] | None: ...
+
+    def written_with_status(self, key: Key, progress: dict[str, Any]) -> None: ...
+
+
 class Executor:
     def __init__(
         self,
@@ -45,6 +53,7 @@ class Executor:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
+        self.progress: Progress | None = None  # the leader's progress endpoint, when it serves one
 
     def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell) -> Plan | None:
         """Do what `plan` says; returns the final plan (after its creates). Raises what stopped it: an API error
@@ -165,9 +174,17 @@ class Executor:
     def _write_status(
         self, key: Key, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]
     ) -> dict[str, Any]:
-        updated = self.kube.patch_job_status(job, st.merge_patch(stored, status))
+        patch = st.merge_patch(stored, status)
+        # The reports received but maybe not yet written go out with this write: the status that says the job
+        # ended says how far it got (its pods reported before they exited).
+        progress = self.progress.unwritten(key) if self.progress is not None else None
+        if progress is not None:
+            patch["progress"] = progress
+        updated = self.kube.patch_job_status(job, patch)
         if updated is None:
             return job
+        if progress is not None and self.progress is not None:
+            self.progress.written_with_status(key, progress)
         self.store.put_job(updated)  # newer than the watch's copy: its echo is then ignored ...
         if changed_besides_status(job, updated):
             # ... and so are the events of what others changed since this decision's read (a resume right after

@@ -60,6 +60,7 @@ class ProgressEndpoint:
         self.current: dict[Key, dict[str, Any]] = {}  # the latest progress of each job that reported
         self.due: dict[Key, float] = {}  # a job's unwritten progress -> when it may be written
         self.written: dict[Key, float] = {}  # when each job's progress was last written
+        self.writing: dict[Key, dict[str, Any]] = {}  # taken by the writer, its write not yet answered
         self.budget, self.budget_at = float(config.progress_writes_per_second), clock()
         self.wake = threading.Event()
         self.stopped = threading.Event()
@@ -139,19 +140,37 @@ class ProgressEndpoint:
             self.budget_at = now
             ready = sorted((at, key) for key, at in self.due.items() if at <= now)[: max(0, math.floor(self.budget))]
             batch = [(key, self.current[key]) for _, key in ready]
-            for key, _ in batch:
+            for key, progress in batch:
                 del self.due[key]
                 self.written[key] = now
+                self.writing[key] = progress
             self.budget -= len(batch)
         for key, progress in batch:
             job = store.job(key)
-            if job is None:
-                continue
             try:
-                kube.patch_job_status(job, {"progress": progress})
+                if job is not None:
+                    kube.patch_job_status(job, {"progress": progress})
             except Exception as error:  # the next report brings it again; the job itself is unaffected
                 log.warning("%s/%s: could not write status.progress (%s)", *key, error)
+            finally:
+                with self.lock:
+                    if self.writing.get(key) is progress:
+                        del self.writing[key]
         return len(batch)
+
+    def unwritten(self, key: Key) -> dict[str, Any] | None:
+        """The job's progress when some of it may not be on the API server yet (due, or its write in flight): the
+        executor's status write carries it. A pod reports before it exits, so the write that says its job ended
+        also says how far it got (no Succeeded at 90% until the next progress write)."""
+        with self.lock:
+            return self.current.get(key) if key in self.due or key in self.writing else None
+
+    def written_with_status(self, key: Key, progress: dict[str, Any]) -> None:
+        """The executor wrote `progress` (from `unwritten`): not due any more, unless a newer report came since."""
+        with self.lock:
+            if self.current.get(key) is progress:
+                self.due.pop(key, None)
+                self.written[key] = self.clock()
 
     def next_due(self) -> float | None:
         with self.lock:
@@ -164,6 +183,7 @@ class ProgressEndpoint:
                 self.current.clear()
                 self.due.clear()
                 self.written.clear()
+                self.writing.clear()
 
     def forget(self, key: Key) -> None:
         """The job is gone: its progress and its gauges too."""
@@ -171,6 +191,7 @@ class ProgressEndpoint:
             self.current.pop(key, None)
             self.due.pop(key, None)
             self.written.pop(key, None)
+            self.writing.pop(key, None)
         _remove_gauges(key)
 
     def run_writer(self) -> None:

@@ -80,6 +80,7 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
     )  # fmt: skip
     controller = Controller(kube, config)
     controller.on_job_deleted = endpoint.forget
+    controller.executor.progress = endpoint
     endpoint.lead(kube, controller.store, lambda: serving.is_set() and (elector is None or elector.is_leader()))
     if elector is not None:
 
