@@ -15,6 +15,10 @@ TRAINER_IMAGE := kubetf/trainer:$(VERSION)
 OPERATOR_NAMESPACE := kubetf-system
 DEMO_NAMESPACE := kubetf-demo
 export PATH := $(HOME)/.cache/kubetf/bin:$(PATH)
+# Python keeps its compiled modules (.venv, __pycache__): the tiers start hundreds of Python processes that import
+# TensorFlow, kopf and the Kubernetes client, and where the environment sets PYTHONDONTWRITEBYTECODE (some shells
+# and CI images do) each of them compiled those anew: a TensorFlow import took 17 CPU-s instead of 7.
+unexport PYTHONDONTWRITEBYTECODE
 
 # The cluster: $KUBECONFIG or ~/.kube/config when there is one, else the local cluster (tests/cluster).
 LOCAL_KUBECONFIG := $(or $(KUBETF_CLUSTER_DIR),/var/lib/kubetf-cluster)/admin.kubeconfig
@@ -40,8 +44,8 @@ venv: $(VENV)/.installed ## .venv with the project, the dev tools and TensorFlow
 
 tools: ## kubectl and helm under ~/.cache/kubetf/bin; Debian's Chromium, the e2e tier's headless browser (TensorBoard)
 	$(CLUSTER) tools
-	@command -v chromium >/dev/null || { echo "apt-get install chromium"; apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v chromium >/dev/null || { echo "apt-get install chromium"; apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null; }
 
 lint: venv ## ruff, mypy and the import contracts (pure modules do no I/O)
 	$(VENV)/bin/ruff check .

@@ -163,8 +163,10 @@ install_packages() {
   ((${#missing[@]})) || return 0
   command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get"
   log "apt-get install ${missing[*]}"
-  apt-get update -qq >"$CACHE/logs/apt.log" 2>&1 || die "apt-get update failed (see $CACHE/logs/apt.log)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+  # Another apt (the machine's own updates, a second checkout's run) may hold dpkg's lock: wait for it.
+  local wait=(-o DPkg::Lock::Timeout=600)
+  apt-get "${wait[@]}" update -qq >"$CACHE/logs/apt.log" 2>&1 || die "apt-get update failed (see $CACHE/logs/apt.log)"
+  DEBIAN_FRONTEND=noninteractive apt-get "${wait[@]}" install -y -qq --no-install-recommends "${missing[@]}" \
     >>"$CACHE/logs/apt.log" 2>&1 || die "apt-get install failed (see $CACHE/logs/apt.log)"
 }
 build_binaries() {
