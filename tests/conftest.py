@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.session import undo_steps
 
-pytest_plugins = ["tests.cluster.fixture"]
+pytest_plugins = ["tests.cluster.fixture", "tests.ordering"]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

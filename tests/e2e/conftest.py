@@ -123,7 +123,15 @@ def namespace(installed):
     installed.core.create_namespace({"metadata": {"name": name}})
     wait_for(lambda: _service_account(installed, name), 30, f"the default ServiceAccount in {name}")
     yield name
-    installed.core.delete_namespace(name)
+    delete_namespace(installed, name)
+
+
+def delete_namespace(cluster: Cluster, name: str) -> None:
+    """Delete a test's namespace and stop its pods at once: a program that swallows SIGTERM (the guide's MWMS loop
+    does) went on training through its 120 s grace period, on the cores the next tests needed. Once the namespace is
+    terminating no pod can be created in it, so none is recreated meanwhile."""
+    cluster.core.delete_namespace(name)
+    cluster.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 def _service_account(cluster: Cluster, namespace: str):

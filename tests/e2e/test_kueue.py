@@ -62,10 +62,11 @@ def running(cluster, namespace: str, job: str, count: int) -> bool:
 
 
 def test_two_jobs_wanting_every_gpu_run_one_after_the_other(installed, namespace, queue):
+    """a trains (real TensorFlow) while b waits with no pod; b, whose program is not the point, sleeps a while."""
     cluster = installed
     submit(cluster, namespace, mnist("a", queue, epochs=2))
     admitted(cluster, namespace, "a", 2, "a admitted", 60)
-    submit(cluster, namespace, mnist("b", queue, epochs=2))
+    submit(cluster, namespace, sleeper("b", queue, 10))
     status = cluster.wait_phase(namespace, "b", "Queued", timeout=30)
     seen = []
 
@@ -126,9 +127,11 @@ def test_a_preempted_job_queues_again_past_its_startup_timeout_and_resumes_from_
 
 
 def test_an_evicted_worker_restarts_the_group_without_ever_queueing(installed, namespace, queue):
+    """The admission outlives the operator's own group restart. The program is not the point (a sleeper: what
+    TensorFlow does on an eviction is test_training.py's and test_sigterm.py's)."""
     cluster = installed
-    job = submit(cluster, namespace, mnist("mwms", queue, epochs=4))
-    wait_epoch(cluster, namespace, "mwms-worker-0", 1, "a first epoch", timeout=600)
+    job = submit(cluster, namespace, sleeper("mwms", queue, 20))
+    wait_for(lambda: running(cluster, namespace, "mwms", 2), 120, "mwms Running", interval=0.2)
     workload = queue.workload(job)
     seen: dict[str, set] = {"phases": set(), "workloads": set(), "gpus": set()}
     stop = threading.Event()
@@ -170,11 +173,11 @@ def test_an_evicted_worker_restarts_the_group_without_ever_queueing(installed, n
 
 
 def test_a_parameter_server_job_gives_its_quota_back_when_it_succeeds(installed, namespace, queue):
+    """Its ps and workers never exit by themselves, as TensorFlow's servers do not (sleepers: a real PS job's success
+    is test_training.py's)."""
     cluster = installed
-    job = sample("ps-training")
-    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: queue.local}
-    submit(cluster, namespace, job)
-    admitted(cluster, namespace, "ps-training", 5, "ps-training admitted whole", 120)
+    job = submit(cluster, namespace, ps_sleepers("ps-training", queue, chief_seconds=20))  # with its uid: its Workload
+    admitted(cluster, namespace, "ps-training", 4, "ps-training admitted whole", 120)
     wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 1, 30, "the ClusterQueue to count the job")
     cluster.wait_phase(namespace, "ps-training", "Succeeded", timeout=900)
     succeeded = time.monotonic()
@@ -207,8 +210,9 @@ def test_suspending_then_deleting_an_admitted_job_releases_its_quota(installed, 
 # ---------------------------------------------------------------------- real time: long queues, preemption chains
 
 
-def sleeper(name: str, queue: Queue, seconds: int, priority: str | None = None, **run_policy) -> dict:
-    """Two workers of 1 GPU each (the queue's whole quota) whose program sleeps `seconds`, then exits 0."""
+def sleeping(seconds: int) -> dict:
+    """A pod template whose program sleeps `seconds`, then exits 0: for the tests where Kueue and the operator are
+    the point, not the program (no CPU taken from the tests that train)."""
     container = {
         "name": "tensorflow",
         "image": "kubetf/python-base:bookworm",
@@ -216,14 +220,37 @@ def sleeper(name: str, queue: Queue, seconds: int, priority: str | None = None, 
         "args": ["python3", "-c", f"import time; time.sleep({seconds})"],
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
     }
-    labels = {kueue.QUEUE_LABEL: queue.local, **({kueue.PRIORITY_LABEL: priority} if priority else {})}
-    template = {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container]}}
+    return {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container]}}
+
+
+def labels(queue: Queue, priority: str | None) -> dict:
+    return {kueue.QUEUE_LABEL: queue.local, **({kueue.PRIORITY_LABEL: priority} if priority else {})}
+
+
+def sleeper(name: str, queue: Queue, seconds: int, priority: str | None = None, **run_policy) -> dict:
+    """Two workers of 1 GPU each (the queue's whole quota) whose program sleeps `seconds`, then exits 0."""
     return {
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "labels": labels(queue, priority)},
         "spec": {
             "strategy": "MultiWorkerMirrored",
-            "replicaSpecs": {"worker": {"replicas": 2, "gpus": 1, "template": template}},
+            "replicaSpecs": {"worker": {"replicas": 2, "gpus": 1, "template": sleeping(seconds)}},
             "runPolicy": run_policy,
+        },
+    }
+
+
+def ps_sleepers(name: str, queue: Queue, chief_seconds: int) -> dict:
+    """A ParameterServer job (no GPUs) whose chief exits 0 after `chief_seconds`; its workers and ps never exit."""
+    forever = sleeping(3600)
+    return {
+        "metadata": {"name": name, "labels": labels(queue, None)},
+        "spec": {
+            "strategy": "ParameterServer",
+            "replicaSpecs": {
+                "chief": {"replicas": 1, "template": sleeping(chief_seconds)},
+                "worker": {"replicas": 2, "template": forever},
+                "ps": {"replicas": 1, "template": forever},
+            },
         },
     }
 

@@ -117,47 +117,13 @@ def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run, tmp_path
 
 
 @pytest.mark.timeout(400)
-def test_killed_mwms_worker_restarts_the_group_and_resumes_from_the_backup(local_run):
-    epochs = 5
+def test_mwms_worker_sigtermed_saves_then_one_killed_resumes_from_the_backup_the_group_restarting_each_time(local_run):
+    """One job, two preemptions of worker 1 (MultiWorkerMirrored: the whole group restarts each time): first a
+    SIGTERM, on which every worker saves the backup at the same step and exits 42; then, in the restarted group, a
+    SIGKILL, with no chance to save: the next group resumes from the last backup. Each is a disruption."""
+    epochs, steps = 5, 12
     job = make_job(
-        "kill",
-        "MultiWorkerMirrored",
-        {"worker": 2},
-        [*MWMS_ARGS, "--epochs", str(epochs), "--steps-per-epoch", "12"],
-        example="mnist_mwms.py",
-    )
-    run = local_run(job)
-    run.wait_for(lambda lines: len(run.records("progress", "worker-0", lines)) >= 2, 200, "epoch 2 on worker-0")
-    os.kill(run.pid("worker-1"), signal.SIGKILL)
-    # Killed while tf-keras deleted its scratch copy of the backup, a worker leaves a state file naming deleted
-    # data (this test's flake): leave one every time; the restarted worker must not restore from it.
-    scratch = run.workdir / "run" / "checkpoint" / "backup" / "workertemp_1"
-    scratch.mkdir(parents=True, exist_ok=True)
-    (scratch / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\nall_model_checkpoint_paths: "ckpt-2"\n')
-    assert run.wait_exit(300) == 0, "\n".join(run.lines[-40:])
-
-    restart = run.index_of("started worker-0 attempt 1")
-    before, after = run.lines[:restart], run.lines[restart:]
-    done_before = max(_epochs(run.records("progress", "worker-0", before)))
-    assert any("worker-1 ended with signal 9" in line and "Disrupted" in line for line in before)
-    assert any("restarting worker-0, worker-1" in line for line in before)  # MWMS: the whole group
-    assert run.pid("worker-1", 1)
-
-    start = run.records("start", "worker-0", after)
-    assert len(start) == 1
-    initial = start[0]["initial_epoch"]
-    assert initial > 0 and initial >= done_before
-    # no epoch is run twice past the checkpoint, and the job finishes
-    assert _epochs(run.records("progress", "worker-0", after)) == list(range(initial + 1, epochs + 1))
-    assert run.records("done", "worker-0", after)
-    assert "disruptions 1" in run.lines[-1] and "failures 0" in run.lines[-1]
-
-
-@pytest.mark.timeout(400)
-def test_sigterm_to_mwms_worker_saves_a_checkpoint_before_exit(local_run):
-    epochs, steps = 4, 12
-    job = make_job(
-        "sigterm",
+        "preempted",
         "MultiWorkerMirrored",
         {"worker": 2},
         [*MWMS_ARGS, "--epochs", str(epochs), "--steps-per-epoch", str(steps)],
@@ -166,11 +132,25 @@ def test_sigterm_to_mwms_worker_saves_a_checkpoint_before_exit(local_run):
     run = local_run(job)
     run.wait_for(lambda lines: len(run.records("progress", "worker-0", lines)) >= 1, 200, "epoch 1 on worker-0")
     os.kill(run.pid("worker-1"), signal.SIGTERM)
+    run.wait_for(lambda lines: any("started worker-1 attempt 1" in line for line in lines), 120, "the group restarted")
+    first_restart = run.index_of("started worker-0 attempt 1")
+
+    def progress_since_restart(lines: list[str]) -> int:
+        return len(run.records("progress", "worker-0", lines[first_restart:]))
+
+    run.wait_for(lambda lines: progress_since_restart(lines) >= 1, 200, "an epoch on the restarted worker-0")
+    os.kill(run.pid("worker-1", 1), signal.SIGKILL)
+    # Killed while tf-keras deleted its scratch copy of the backup, a worker leaves a state file naming deleted
+    # data (a flake once): leave one every time; the restarted worker must not restore from it.
+    scratch = run.workdir / "run" / "checkpoint" / "backup" / "workertemp_1"
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / "checkpoint").write_text('model_checkpoint_path: "ckpt-2"\nall_model_checkpoint_paths: "ckpt-2"\n')
     assert run.wait_exit(300) == 0, "\n".join(run.lines[-40:])
 
-    restart = run.index_of("started worker-0 attempt 1")
-    before, after = run.lines[:restart], run.lines[restart:]
-    # every worker saved the backup at the same step, then exited 42 (a disruption)
+    second_restart = run.index_of("started worker-0 attempt 2")
+    before, first = run.lines[:first_restart], run.lines[first_restart:second_restart]
+    second = run.lines[second_restart:]
+    # SIGTERM: every worker saved the backup at the same step, then exited 42 (a disruption)
     preempted = {(r["role"], r["index"]): r for r in run.records("preempted", lines=before)}
     assert set(preempted) == {("worker", 0), ("worker", 1)}
     saved = preempted[("worker", 0)]  # the chief: it writes the backup
@@ -178,13 +158,24 @@ def test_sigterm_to_mwms_worker_saves_a_checkpoint_before_exit(local_run):
     assert preempted[("worker", 1)] == {**saved, "index": 1}
     assert saved["step"] > steps  # past the first epoch: mid-training, not at a boundary backup
     assert any("exit code 42" in line and "Disrupted" in line for line in before)
-    # the restarted group resumed from that checkpoint: same epoch, and only the rest of it
-    start = run.records("start", "worker-0", after)[0]
-    assert start["initial_epoch"] == saved["epoch"]
-    first = run.records("progress", "worker-0", after)[0]
-    assert first["epoch"] == saved["epoch"] + 1
-    assert _epochs(run.records("progress", "worker-0", after)) == list(range(saved["epoch"] + 1, epochs + 1))
-    assert "disruptions 1" in run.lines[-1] and "failures 0" in run.lines[-1]
+    assert any("restarting worker-0, worker-1" in line for line in before)  # MWMS: the whole group
+    # ... and the restarted group resumed from that checkpoint: same epoch, and only the rest of it
+    start = run.records("start", "worker-0", first)
+    assert [s["initial_epoch"] for s in start] == [saved["epoch"]]
+    done_before_kill = max(_epochs(run.records("progress", "worker-0", first)))
+    assert _epochs(run.records("progress", "worker-0", first)) == list(range(saved["epoch"] + 1, done_before_kill + 1))
+
+    # SIGKILL: no save; the whole group restarts again and resumes from the last backup (an epoch end)
+    assert any("worker-1 ended with signal 9" in line and "Disrupted" in line for line in first)
+    assert any("restarting worker-0, worker-1" in line for line in first)
+    start = run.records("start", "worker-0", second)
+    assert len(start) == 1
+    initial = start[0]["initial_epoch"]
+    assert initial >= done_before_kill
+    # no epoch is run twice past the checkpoint, and the job finishes
+    assert _epochs(run.records("progress", "worker-0", second)) == list(range(initial + 1, epochs + 1))
+    assert run.records("done", "worker-0", second)
+    assert "failures 0, disruptions 2" in run.lines[-1] and "succeeded" in run.lines[-1]
 
 
 @pytest.mark.timeout(400)

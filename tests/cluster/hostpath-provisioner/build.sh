@@ -2,7 +2,8 @@
 # Build the test cluster's hostPath provisioner. Output: ~/.cache/kubetf/hostpath-provisioner-$VERSION/hostpath-provisioner
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-VERSION="$(sha256sum "$here/main.go" "$here/go.mod" | sha256sum | cut -c1-12)"
+# Keyed by the sources' content only (sha256sum of the files would print their paths too: every checkout rebuilt it)
+VERSION="$(cat "$here/main.go" "$here/go.mod" | sha256sum | cut -c1-12)"
 CACHE="${KUBETF_CACHE:-$HOME/.cache/kubetf}"
 OUT="$CACHE/hostpath-provisioner-$VERSION"
 if [[ -x "$OUT/hostpath-provisioner" ]]; then echo "$OUT/hostpath-provisioner"; exit 0; fi
