@@ -238,7 +238,10 @@ class Cluster:
 
     def set_status(self, pod: dict, status: dict) -> None:
         meta = pod["metadata"]
-        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
+        # The answer read, not parsed into the client's models (a Configuration per object: most of a test's CPU).
+        _ = self.core.patch_namespaced_pod_status(
+            meta["name"], meta["namespace"], {"status": status}, _preload_content=False
+        ).data
 
     @staticmethod
     def _container_status(pod: dict, state: dict, ready: bool) -> list[dict]:
@@ -299,7 +302,8 @@ class Cluster:
         )
 
     def delete_pod(self, pod: dict) -> None:
-        self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"])
+        meta = pod["metadata"]
+        _ = self.core.delete_namespaced_pod(meta["name"], meta["namespace"], _preload_content=False).data
 
     def wait_event(self, namespace: str, name: str, reason: str, type_: str = "Warning") -> dict:
         """The job's event of that reason and type (posted before the status write that records the decision; a

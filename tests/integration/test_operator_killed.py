@@ -12,6 +12,7 @@ replays it; the timing, and so how far each job gets in its sequence, is the mac
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -21,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.core import api
@@ -114,21 +114,25 @@ class PodRecorder:
         threading.Thread(target=self._record, args=(version,), daemon=True).start()
 
     def _record(self, version: str) -> None:
-        stream = watch.Watch()
         try:
             while True:  # the stream ends after timeout_seconds; go on from where it stopped
-                for event in stream.stream(
-                    self.cluster.core.list_namespaced_pod,
-                    self.namespace,
-                    resource_version=version,
-                    timeout_seconds=DEADLINE_SECONDS,
-                ):
+                # Raw events: the client's models cost a Configuration per object (most of this test's own CPU).
+                stream = self.cluster.core.list_namespaced_pod(
+                    self.namespace, watch=True, resource_version=version, timeout_seconds=DEADLINE_SECONDS,
+                    _preload_content=False,
+                )  # fmt: skip
+                for line in stream:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
                     pod = event["object"]
+                    if event["type"] == "ERROR":  # a 410 would mean events were missed: the test cannot conclude
+                        raise RuntimeError(f"the watch ended with {pod.get('code')}: {pod.get('message')}")
+                    version = pod["metadata"]["resourceVersion"]
                     if event["type"] == "ADDED":
-                        attempt = int(pod.metadata.labels[api.LABEL_ATTEMPT])
-                        self.created[pod.metadata.uid] = (pod.metadata.name, attempt)
-                version = stream.resource_version
-        except Exception as error:  # a 410 would mean events were missed: the test cannot conclude
+                        attempt = int(pod["metadata"]["labels"][api.LABEL_ATTEMPT])
+                        self.created[pod["metadata"]["uid"]] = (pod["metadata"]["name"], attempt)
+        except Exception as error:
             self.error = error
 
     def attempts_created(self) -> dict[str, list[int]]:

@@ -42,15 +42,14 @@ def test_the_operator_never_receives_other_workloads_pods(cluster, namespace_ope
         "metadata": {"labels": {"app": "someone-else", "app.kubernetes.io/managed-by": "helm"}},
         "spec": {"schedulerName": UNSCHEDULED, "containers": [{"name": "app", "image": "example/app:1"}]},
     }
+
+    def create(i: int) -> None:
+        body = {**pod, "metadata": {**pod["metadata"], "name": f"other-{i}"}}
+        # The answer read (not parsed): only then is its connection back in the pool, not a new TLS one per pod.
+        _ = cluster.core.create_namespaced_pod(namespace, body, _preload_content=False).data
+
     with ThreadPoolExecutor(8) as pool:
-        list(
-            pool.map(
-                lambda i: cluster.core.create_namespaced_pod(
-                    namespace, {**pod, "metadata": {**pod["metadata"], "name": f"other-{i}"}}, _preload_content=False
-                ),
-                range(FOREIGN_PODS),
-            )
-        )
+        list(pool.map(create, range(FOREIGN_PODS)))
     # A job's pods created after them, in the same namespace: one watch stream, in order. Once the operator has
     # cached these three, it has seen everything the stream held before them.
     cluster.create_job(namespace, "mine", {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(3)}})

