@@ -61,18 +61,24 @@ manifests: ## copy the CRD (the single source) to manifests/ and the chart; re-r
 # worker has its own operator, Lease and namespaces (tests/integration/conftest.py); tests marked `serial` (they
 # restart the API server, replace or uninstall the installed operator) run afterwards, alone on the cluster. Each
 # stage writes JUnit XML to $(RESULTS); `make test` ends with tests/summary.py's table.
+# WORKERS: the integration tier's; E2E_WORKERS: the e2e tier's (its tests mostly wait on pods, Kueue and timeouts;
+# the local node advertises GPUs for four Kueue tests at once); TRAINER_WORKERS: TensorFlow jobs run at once.
 WORKERS ?= 3
+E2E_WORKERS ?= 4
+TRAINER_WORKERS ?= 2
 RESULTS ?= .test-results
-# Work units in the collection's order, which tests/ordering.py makes longest first (xdist would put the biggest
-# xdist_group first instead).
-XDIST = -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+# One work unit (a test, or an xdist_group's tests) at a time to each worker, in the collection's order, which
+# tests/ordering.py makes longest first. (xdist's default sends chunks of consecutive tests: the longest chunk to one
+# worker, which then ran alone at the end; and it puts the biggest xdist_group first.)
+xdist = -n $(1) --dist loadgroup --no-loadscope-reorder
+XDIST = $(call xdist,$(WORKERS))
 junit = --junitxml=$(RESULTS)/$(1).xml
 
 test-unit: venv tools ## pure tests, seconds (one xdist worker per core: they compute)
-	$(PYTEST) -n auto -m unit tests/unit $(call junit,unit)
+	$(PYTEST) $(call xdist,auto) -m unit tests/unit $(call junit,unit)
 
-test-trainer: venv ## TensorFlow training as local processes (kubetf local)
-	$(PYTEST) -m trainer tests/trainer $(call junit,trainer)
+test-trainer: venv ## TensorFlow training as local processes (kubetf local), two jobs at once
+	$(PYTEST) $(call xdist,$(TRAINER_WORKERS)) -m trainer tests/trainer $(call junit,trainer)
 
 test-integration: venv tools ## the operator against the real API server: in parallel, then the tests that run alone
 	$(PYTEST) $(XDIST) -m "integration and not serial" tests/integration $(call junit,integration)
@@ -80,7 +86,7 @@ test-integration: venv tools ## the operator against the real API server: in par
 
 test-e2e: venv tools ## the chart and real TensorFlow pods: in parallel, then the tests that run alone
 	$(MAKE) --no-print-directory images
-	KUBETF_IMAGES_BUILT=1 $(PYTEST) $(XDIST) -m "e2e and not serial" tests/e2e $(call junit,e2e)
+	KUBETF_IMAGES_BUILT=1 $(PYTEST) $(call xdist,$(E2E_WORKERS)) -m "e2e and not serial" tests/e2e $(call junit,e2e)
 	KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone)
 
 test-cluster: test-integration test-e2e ## integration and e2e tiers on $$KUBECONFIG, else on the local cluster
@@ -100,17 +106,18 @@ test: venv tools ## every test tier, each stage timed, then one table (tiers, st
 	@$(call stage,integration (parallel),$(PYTEST) $(XDIST) -m "integration and not serial" tests/integration \
 		$(call junit,integration))
 	@$(call stage,images,$(MAKE) --no-print-directory images)
-	@$(call stage,e2e (parallel),KUBETF_IMAGES_BUILT=1 $(PYTEST) $(XDIST) -m "e2e and not serial" tests/e2e \
-		$(call junit,e2e))
+	@$(call stage,e2e (parallel),KUBETF_IMAGES_BUILT=1 $(PYTEST) $(call xdist,$(E2E_WORKERS)) \
+		-m "e2e and not serial" tests/e2e $(call junit,e2e))
 	@$(call stage,trainer beside the cluster tests that run alone,$(MAKE) --no-print-directory test-trainer-beside-alone)
 	@$(PY) -m tests.summary $(RESULTS)
 
 # The trainer tier needs no cluster, so it runs beside the cluster tests that must run alone (they mostly wait, it
-# computes; each alone they left a core idle): first the e2e ones (they replace or uninstall the installed
+# computes, two TensorFlow jobs at a time: with one, the two left a third of the cores idle): first the e2e ones (they replace or uninstall the installed
 # operator), last the API server restart (the cluster's components settle for a while after it). The trainer's
 # output goes to a file, shown when both are done; Ctrl-C stops both.
 test-trainer-beside-alone: venv tools
-	@set +e; $(PYTEST) -m trainer tests/trainer $(call junit,trainer) > $(RESULTS)/trainer.log 2>&1 & trainer=$$!; \
+	@set +e; $(PYTEST) $(call xdist,$(TRAINER_WORKERS)) -m trainer tests/trainer $(call junit,trainer) \
+		> $(RESULTS)/trainer.log 2>&1 & trainer=$$!; \
 	trap 'kill -INT $$trainer 2>/dev/null; wait $$trainer; exit 130' INT TERM; \
 	KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone); alone=$$?; \
 	$(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone) || alone=1; \

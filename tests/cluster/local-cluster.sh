@@ -31,7 +31,7 @@
 #                              backoff; returns once they act again, printing how long the API server was away
 #
 # Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
-# KUBETF_FAKE_GPUS (default 8), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
+# KUBETF_FAKE_GPUS (default 12), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
 # KUBETF_KWOK_LOG_LEVEL (default WARN; INFO logs every lease renewal and pod change).
 set -euo pipefail
 
@@ -61,9 +61,9 @@ CLUSTER_CIDR=10.244.0.0/16
 GATEWAY=10.244.0.1            # cni0's address: pods reach the host here; CoreDNS listens here
 SERVICE_CIDR=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
-# 8: Kueue's e2e tests each get a ClusterQueue of 2 and run side by side (xdist); a queue's quota, not the node,
-# is what they compete for.
-GPUS="${KUBETF_FAKE_GPUS:-8}"
+# 12: Kueue's e2e tests each get a ClusterQueue of 2 and run side by side (four xdist workers), with room for the
+# other tests' GPU pods: a queue's quota, not the node, is what they compete for.
+GPUS="${KUBETF_FAKE_GPUS:-12}"
 
 # Fake nodes (kwok): one key for the annotation kwok selects its nodes by, the label tests select them by and the
 # taint that keeps every pod that does not tolerate it off them. The real node never carries any of the three.

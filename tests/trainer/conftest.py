@@ -34,9 +34,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.trainer)
-            # Under xdist, one TensorFlow job at a time: two at once took the tier from 190 s to 165 s alone (84% of
-            # both cores) and starved whatever ran beside it (`make test` runs it beside the serial cluster tests).
-            item.add_marker(pytest.mark.xdist_group("tensorflow-local"))
 
 
 def child_env(**extra: str) -> dict[str, str]:

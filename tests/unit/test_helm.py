@@ -176,6 +176,10 @@ def test_default_values_satisfy_the_schema() -> None:
         {"image": {"repository": "kubetf/operator", "pullPolicy": "IfNotPresent", "tag": "latest"}},
         {"watchNamespaces": ["Team_A"]},
         {"logFormat": "xml"},
+        {"leaderElection": {"leaseDuration": 0}},
+        {"leaderElection": {"retryPeriod": "0.0"}},
+        {"progress": {"writeSeconds": "soon"}},
+        {"leaderElection": {"leaseDuration": 8, "renewDeadlne": 5}},
         {"resources": {"limits": {"memory": "lots"}}},
     ],
 )
@@ -398,6 +402,12 @@ def test_operator_deployment() -> None:
         "9090",
         "--lease-name",
         "kubetf-operator",
+        "--lease-duration",
+        "8",
+        "--renew-deadline",
+        "5",
+        "--retry-period",
+        "1",
         "--progress-port",
         "8090",
         "--progress-url",
@@ -421,6 +431,17 @@ def test_image_tag_defaults_to_app_version_and_can_be_set(helm: str) -> None:
     assert default["spec"]["template"]["spec"]["containers"][0]["image"] == "kubetf/operator:0.1.0"
     (custom,) = by_kind(template(helm, "--set", "image.tag=0.2.0-dev", "--set", "image.repository=r/op"), "Deployment")
     assert custom["spec"]["template"]["spec"]["containers"][0]["image"] == "r/op:0.2.0-dev"
+
+
+def test_leader_election_timings_are_values(helm: str) -> None:
+    (deployment,) = by_kind(
+        template(helm, "--set", "leaderElection.leaseDuration=3", "--set", "leaderElection.renewDeadline=2.5",
+                 "--set", "leaderElection.retryPeriod=0.5"),
+        "Deployment",
+    )  # fmt: skip
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    given = {flag: args[args.index(flag) + 1] for flag in ("--lease-duration", "--renew-deadline", "--retry-period")}
+    assert given == {"--lease-duration": "3", "--renew-deadline": "2.5", "--retry-period": "0.5"}
 
 
 def test_metrics_service_is_opt_in(helm: str) -> None:
