@@ -26,7 +26,7 @@ DOCKERFILE
 
 up() {
   mkdir -p "$(dirname "$KCFG")"
-  kind get clusters 2>/dev/null | grep -qx "$NAME" || kind create cluster --name "$NAME" --kubeconfig "$KCFG" --wait 180s
+  kind get clusters 2>/dev/null | grep -x "$NAME" >/dev/null || kind create cluster --name "$NAME" --kubeconfig "$KCFG" --wait 180s
   kind get kubeconfig --name "$NAME" >"$KCFG"
   images
   # fake GPUs: the scheduler honours extended resources in the node's status (re-applied on every `up`)
@@ -54,7 +54,7 @@ kind_env() { echo "export KUBECONFIG=$KCFG"; }
 KUEUE_VERSION="$(awk '$1 == "newTag:" {print $2; exit}' "$(dirname "${BASH_SOURCE[0]}")/kueue/kustomization.yaml")"
 KUEUE_MANIFESTS="https://github.com/kubernetes-sigs/kueue/releases/download/$KUEUE_VERSION/manifests.yaml"
 kueue_webhooks_answer() {  # a queued pod must come back from the mutating webhook with Kueue's gate
-  k create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<'YAML' | grep -qw kueue.x-k8s.io/admission
+  k create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<'YAML' | grep -w kueue.x-k8s.io/admission >/dev/null
 apiVersion: v1
 kind: Pod
 metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}

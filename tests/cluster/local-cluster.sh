@@ -59,6 +59,7 @@ NODE_NAME=kubetf-node
 POD_CIDR=10.244.0.0/24
 CLUSTER_CIDR=10.244.0.0/16
 GATEWAY=10.244.0.1            # cni0's address: pods reach the host here; CoreDNS listens here
+GATEWAY_MAC=0a:58:0a:f4:00:01  # cni0's own MAC (0a:58 and the gateway's address, as kubenet does)
 SERVICE_CIDR=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
 # 12: Kueue's e2e tests each get a ClusterQueue of 2 and run side by side (four xdist workers), with room for the
@@ -343,6 +344,8 @@ EOF
   fi
   rm -rf "$ctx"
 }
+# (grep reads all of ctr's list: `grep -q` stopped at the match, ctr died of SIGPIPE, and pipefail made a loaded
+# image look absent: it was imported again, 13 s)
 load_images() {  # load IMG...: docker image -> node containerd (skips images already there with the same id)
   running containerd || die "the node's containerd is not running (local-cluster.sh up first)"
   local img id mark
@@ -350,7 +353,7 @@ load_images() {  # load IMG...: docker image -> node containerd (skips images al
   for img in "$@"; do
     id="$(docker image inspect -f '{{.Id}}' "$img" 2>/dev/null)" || die "no docker image $img"
     mark="$IMAGE_STORE/kubetf-loaded/$(printf %s "$img" | tr '/:' '__')"
-    if [[ -f $mark && "$(cat "$mark")" == "$id" ]] && ctr_ images ls -q | grep -qx "$(normalize "$img")"; then
+    if [[ -f $mark && "$(cat "$mark")" == "$id" ]] && ctr_ images ls -q | grep -x "$(normalize "$img")" >/dev/null; then
       continue
     fi
     docker save "$img" | ctr_ images import - >/dev/null || die "import of $img failed"
@@ -546,7 +549,11 @@ host_setup() {
   if ! ip link show cni0 >/dev/null 2>&1; then
     ip link add cni0 type bridge
   fi
-  ip addr show dev cni0 | grep -q "inet $GATEWAY/" || ip addr add "$GATEWAY/${POD_CIDR#*/}" dev cni0
+  [[ "$(ip -4 -o addr show dev cni0)" == *" inet $GATEWAY/"* ]] || ip addr add "$GATEWAY/${POD_CIDR#*/}" dev cni0
+  # A bridge without an address of its own takes the lowest of its ports' (the pods' veths): deleting that pod
+  # changed the gateway's MAC, and every pod's ARP entry for it went on pointing at the old one, so DNS, Services
+  # and the API server were unreachable from all pods for 30-50 s. A fixed, locally administered MAC never changes.
+  [[ "$(cat /sys/class/net/cni0/addr_assign_type)" == 3 ]] || ip link set cni0 address "$GATEWAY_MAC"
   ip link set cni0 up
   local dir
   for dir in -i -o; do
@@ -881,7 +888,7 @@ for suffix, keep in ((".front", lambda d: not back.search(d)), (".back", lambda 
 PY
 }
 kueue_pod_probe() {  # a server-side dry run of a queued pod: Kueue's mutating webhook must add its scheduling gate
-  kc create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<EOF | grep -qw kueue.x-k8s.io/admission
+  kc create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<EOF | grep -w kueue.x-k8s.io/admission >/dev/null
 apiVersion: v1
 kind: Pod
 metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}
@@ -1002,6 +1009,7 @@ cmd_up() {
   mkdir -p "$CACHE/logs"
   if cluster_ok; then
     log "cluster already up"
+    host_setup  # idempotent: a cluster brought up by an older script gets the fixed bridge MAC
     gpus_advertised || advertise_gpus  # a cluster brought up with another KUBETF_FAKE_GPUS
     ((FAKE_NODES == 0)) || stage fake-nodes ensure_fake_nodes "$FAKE_NODES"
     ((kueue == 0)) || stage kueue install_kueue

@@ -42,8 +42,8 @@ def pytest_collection_modifyitems(items):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed test's report carries the installed operators' log lines about its namespace: CI prints only the
-    report, and the cluster, with the pods' logs, is gone after it."""
+    """A failed test's report carries the installed operators' log lines about its namespace and the end of its pods'
+    logs: CI prints only the report, and the cluster, with the pods' logs, is gone after it."""
     report = yield
     fixtures = getattr(item, "funcargs", {})
     cluster, namespace = fixtures.get("installed"), fixtures.get("namespace")
@@ -54,6 +54,9 @@ def pytest_runtest_makereport(item, call):
                 about = [line for line in lines if namespace in line][-100:]
                 if about:
                     report.sections.append((f"operator {pod.metadata.name} log about {namespace}", "\n".join(about)))
+            for pod in cluster.core.list_namespaced_pod(namespace).items:  # what the training programs saw
+                log = cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=40)
+                report.sections.append((f"pod {pod.metadata.name} log (last 40 lines)", log))
     return report
 
 
