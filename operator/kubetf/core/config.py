@@ -66,9 +66,10 @@ class OperatorConfig:
     positions_unavailable_recheck: float = 600.0
     # Nodes: a node's Ready state read from the API serves every job with pods there this long; while a pod is
     # being deleted on a node, its node is looked at again this often (a node that stopped reporting sends no event
-    # of its own). The cluster's kube-controller-manager marks a node Unknown `node_monitor_grace`
-    # (--node-monitor-grace-period) after its last heartbeat, at its next check (every `node_monitor_period`,
-    # --node-monitor-period): the node stopped reporting up to the sum of both before it was marked.
+    # of its own). The cluster's kube-controller-manager checks the nodes every `node_monitor_period`
+    # (--node-monitor-period): it sees a heartbeat at its next check, and marks a node Unknown at the first check
+    # `node_monitor_grace` (--node-monitor-grace-period) after it saw the last one. So the node stopped reporting
+    # up to the grace period and two check periods before it was marked (`node_silence`).
     node_state_seconds: float = 5.0
     node_check_seconds: float = 10.0
     node_monitor_grace: float = 50.0
@@ -93,6 +94,11 @@ class OperatorConfig:
     progress_write_seconds: float = 30.0
     progress_writes_per_second: float = 5.0
     progress_stall_seconds: float = 600.0
+
+    @property
+    def node_silence(self) -> float:
+        """How long before being marked Unknown a node may have stopped reporting (see node_monitor_grace)."""
+        return self.node_monitor_grace + 2 * self.node_monitor_period
 
     def list_scopes(self) -> tuple[str, ...]:
         """What to list: each namespace named, or "" (every namespace, then filtered by `serves`) when a pattern

@@ -75,7 +75,7 @@ def caused_restart(views: dict[str, TaskView], status: dict[str, Any], lost_node
 def lost_since(node_: dict[str, Any] | None, now: float, silence: float) -> float | None:
     """Since when a node has stopped reporting, from the Node object; None while it is Ready. Gone (None), or with
     no Ready condition: `now`, as when it went is not known and no earlier failure may be blamed on it. Unknown:
-    the node controller noticed at most `silence` (its grace period and one check period) after the last
+    the node controller noticed at most `silence` (its grace period and two check periods) after the last
     heartbeat, and the earliest is taken: a failure that may have followed the loss is not held against the job.
     False: the kubelet itself said NotReady."""
     conditions = ((node_ or {}).get("status") or {}).get("conditions") or []

@@ -120,7 +120,7 @@ class Observer:
         except Exception:  # no node access (RBAC), or the API is down: never force on a guess
             log.warning("could not read node %s; treating it as reachable", node, exc_info=True)
             return None
-        return node_loss.lost_since(found, now, self.config.node_monitor_grace + self.config.node_monitor_period)
+        return node_loss.lost_since(found, now, self.config.node_silence)
 
 
 def _stopped(job: dict[str, Any]) -> bool:
