@@ -1,7 +1,7 @@
 """The operator SIGKILLed 20 times at random moments while 20 jobs are created and restarted: nothing is lost,
 nothing is done twice.
 
-The operator runs as its Deployment runs it: a leader and a standby, a killed process replaced at once (the
+The operator runs as its Deployment runs it: a leader and standbys, a killed process replaced at once (a
 standby takes the lease once the dead leader's has expired). The test plays the user (it creates the jobs and,
 until the last kill, keeps making one of a job's pods exit 1 or deleting it, one restart at a time per job) and
 the kubelet (it starts every pod the operator creates). A watch records every pod ever created, so a pod created
@@ -146,13 +146,17 @@ class PodRecorder:
 
 
 class Deployment:
-    """The operator as its Deployment runs it: a leader and a standby; a killed process is replaced at once."""
+    """The operator as its Deployment runs it: a leader and standbys; a killed process is replaced at once. Two
+    standbys, so the one that takes over has been up for a whole term: a replacement still starting (seconds of
+    imports on a loaded machine, longer than a term here) held each takeover back by that much."""
+
+    STANDBYS = 2
 
     def __init__(self, kubeconfig: str, log_dir: Path) -> None:
         self.kubeconfig, self.log_dir = kubeconfig, log_dir
         self.started = 0
         self.leader: Operator | None = None
-        self.standby = self._launch()
+        self.standbys = [self._launch() for _ in range(self.STANDBYS)]
         self.elected_at = 0.0
 
     def _launch(self) -> Operator:
@@ -162,12 +166,14 @@ class Deployment:
         return process
 
     def poll(self) -> None:
-        """Notice the standby taking the lease; start the next standby. Fails if a process exited by itself."""
+        """Notice a standby taking the lease; start the next standby. Fails if a process exited by itself."""
         if self.leader is not None:
             self.leader.role()
-        if self.leader is None and self.standby.role() == "ok leader":
-            self.leader, self.standby = self.standby, self._launch()
-            self.elected_at = time.monotonic()
+        for standby in self.standbys:
+            if standby.role() == "ok leader" and self.leader is None:
+                self.leader = standby
+                self.standbys = [s for s in self.standbys if s is not standby] + [self._launch()]
+                self.elected_at = time.monotonic()
 
     def kill_leader(self) -> None:
         assert self.leader is not None
@@ -175,7 +181,7 @@ class Deployment:
         self.leader = None
 
     def stop(self) -> None:
-        for process in (self.leader, self.standby):
+        for process in (self.leader, *self.standbys):
             if process is not None:
                 process.stop()
 
