@@ -152,8 +152,20 @@ def test_not_the_leader_and_slow_down_are_retried(statuses):
         assert server.accepted == [{"step": 7, "metrics": {"loss": 2.0}, "final": False}]
 
 
+def test_a_standby_answering_again_and_again_does_not_lose_the_final_report():
+    """Behind the operator's Service, each connection may meet the standby (503). The exit-time flush has
+    FINAL_TIMEOUT and the backoff doubles from half a second: without retrying a 503 at once, three standby answers
+    in a row lost the job's final report (CI: Succeeded at 90%)."""
+    with progress_server(statuses=[503] * 6) as server:
+        r = rp.Reporter(server.url, None, 60, at_exit=False)
+        _made.append(r)
+        r.report(epoch=10, epochs=10, step=80, steps=80)
+        assert r.flush(final=True) is True  # whichever of the sender and the flush met the standby
+        assert server.accepted[-1] == {"epoch": 10, "epochs": 10, "step": 80, "steps": 80, "final": True}
+
+
 def test_what_failed_goes_again_with_the_next_report():
-    with progress_server(statuses=[503] * 4) as server:  # more than the retries
+    with progress_server(statuses=[502] * 4) as server:  # more than the retries
         r = fast(server.url, interval=0.2)
         r.report(epoch=1, metrics={"accuracy": 0.5})
         server.wait_for(lambda s: s.accepted, timeout=5)
