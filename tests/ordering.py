@@ -2,7 +2,8 @@
 over runs) and the next run starts the longest first, so that a stage's xdist workers do not end waiting on one
 long test that happened to be collected last (the e2e day-one test, collected near the end, was the e2e stage's
 tail). Only the order changes, never what runs. A test the record does not know (new, or a fresh machine) goes first:
-it may be long. The tests of one xdist_group run on one worker: they stay together, placed by their sum.
+it may be long. The tests of one xdist_group run on one worker: they stay together, placed by their sum. Tests
+marked `tensorflow` (their pods train: CPU-bound) alternate with the others (see `interleave`).
 
 xdist requires every worker to collect the same tests in the same order: its controller reads the record once and
 hands the same durations to every worker, so a record written meanwhile (the trainer tier ends beside another stage)
@@ -45,6 +46,28 @@ def group_of(item: pytest.Item) -> str | None:
     return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
 
 
+def is_cpu_bound(item: pytest.Item) -> bool:
+    return item.get_closest_marker("tensorflow") is not None
+
+
+def interleave(units: list[tuple[float, bool]]) -> list[int]:
+    """The order to run work units in, given each one's (duration, CPU-bound): longest first, and the CPU-bound ones
+    (TensorFlow pods) alternating with the rest from the longest of all on, so that a stage's workers run about as
+    many of each at once. Longest first alone ran the e2e stage's four longest tests together, three of them
+    training on the two cores (the day-one test took 288 s instead of 119), and ended with the tests that wait
+    (node controllers, timeouts) on idle cores."""
+    by_length = sorted(range(len(units)), key=lambda i: (-units[i][0], i))
+    bound = [i for i in by_length if units[i][1]]
+    other = [i for i in by_length if not units[i][1]]
+    ordered: list[int] = []
+    take_bound = bool(by_length) and units[by_length[0]][1]
+    while bound or other:
+        queue = bound if (take_bound and bound) or not other else other
+        ordered.append(queue.pop(0))
+        take_bound = not take_bound
+    return ordered
+
+
 class Durations:
     """The plugin: orders the collection by the record, and (in the process that ends the run) adds this run's
     durations to it."""
@@ -61,20 +84,16 @@ class Durations:
 
     @pytest.hookimpl(trylast=True)  # after the tiers' own hooks have added their markers (xdist_group)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        def weight(item: pytest.Item) -> float:
-            return self.known.get(test_key(item.nodeid), math.inf)
-
-        groups: dict[str, float] = {}
-        for item in items:
-            if (group := group_of(item)) is not None:
-                groups[group] = groups.get(group, 0.0) + weight(item)
-        position = {id(item): index for index, item in enumerate(items)}
-
-        def order(item: pytest.Item) -> tuple[float, str, int]:
+        grouped: dict[str, list[pytest.Item]] = {}
+        for index, item in enumerate(items):
             group = group_of(item)
-            return (-(groups[group] if group is not None else weight(item)), group or "", position[id(item)])
+            grouped.setdefault(f"test {index}" if group is None else f"group {group}", []).append(item)
+        units = list(grouped.values())
+        ordered = interleave([(self.duration(unit), any(map(is_cpu_bound, unit))) for unit in units])
+        items[:] = [item for index in ordered for item in units[index]]
 
-        items.sort(key=order)
+    def duration(self, unit: list[pytest.Item]) -> float:
+        return sum(self.known.get(test_key(item.nodeid), math.inf) for item in unit)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         key = test_key(report.nodeid)

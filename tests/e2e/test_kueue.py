@@ -58,6 +58,7 @@ def running(cluster, namespace: str, job: str, count: int) -> bool:
     return len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods.values())
 
 
+@pytest.mark.tensorflow
 def test_two_jobs_wanting_every_gpu_run_one_after_the_other(installed, namespace, queue):
     """a trains (real TensorFlow) while b waits with no pod; b, whose program is not the point, sleeps a while."""
     cluster = installed
@@ -87,6 +88,7 @@ def test_two_jobs_wanting_every_gpu_run_one_after_the_other(installed, namespace
     assert status["restarts"]["total"] == 0
 
 
+@pytest.mark.tensorflow
 def test_a_preempted_job_queues_again_past_its_startup_timeout_and_resumes_from_its_checkpoint(
     installed, namespace, queue
 ):

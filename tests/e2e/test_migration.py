@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
@@ -47,6 +48,7 @@ def tf1_records(lines: list[str], kind: str) -> list[dict]:
 STEPS = 2500  # the ps is deleted after 1000: about 1,500 steps left once it is back, for both workers to rejoin
 
 
+@pytest.mark.tensorflow
 def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(installed, namespace, tmp_path):
     cluster = installed
     # TF1 checkpoints are written by the ps tasks (each its variables) and the chief: a volume all of them mount,

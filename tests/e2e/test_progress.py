@@ -86,6 +86,7 @@ def scrape_leader(cluster) -> str:
     return ""
 
 
+@pytest.mark.tensorflow
 def test_an_unchanged_fit_program_shows_progress_and_a_falling_eta_in_kubectl_get_and_in_metrics(installed, namespace):
     cluster = installed
     cluster.create_job(namespace, "fit", program_job(FIT_PROGRAM))

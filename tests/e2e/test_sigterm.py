@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.cluster.fixture import wait_for
 
 from .conftest import create, elapsed
@@ -41,6 +43,7 @@ def diagnose(cluster, namespace: str, job: str) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.tensorflow
 def test_unchanged_mwms_program_restarts_promptly_after_a_member_is_evicted(installed, namespace):
     cluster = installed
     # The guide's custom training loop as the guide writes it: nothing on SIGTERM. Long enough to still be training.

@@ -18,6 +18,7 @@ IMAGE = "kubetf/trainer:0.1.0"
 pytestmark = pytest.mark.usefixtures("images")
 
 
+@pytest.mark.tensorflow
 @pytest.mark.timeout(180)
 def test_image_runs_the_mwms_example_as_non_root():
     result = subprocess.run(
@@ -55,6 +56,7 @@ def test_image_runs_the_mwms_example_as_non_root():
     assert "TF_USE_LEGACY_KERAS=1" in user and "PYTHONUNBUFFERED=1" in user
 
 
+@pytest.mark.tensorflow
 @pytest.mark.timeout(120)
 def test_sigterm_stops_a_ps_server_even_as_pid_1():
     name = f"kubetf-test-{uuid.uuid4().hex[:8]}"

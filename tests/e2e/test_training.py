@@ -177,6 +177,7 @@ def test_the_operator_runs_under_the_restricted_pod_security_standard(installed)
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
+@pytest.mark.tensorflow
 def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model(installed, namespace, tmp_path):
     """Day one, from `kubetf submit` to `kubetf delete`: the MNIST sample is followed with its progress; a worker is
     evicted mid-training; the trainer library's program saves on the SIGTERM (PreemptionCheckpointHandler, exit
@@ -279,6 +280,7 @@ def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model
     assert cluster.core.read_namespaced_persistent_volume_claim("mnist-mwms-checkpoint", namespace)
 
 
+@pytest.mark.tensorflow
 def test_parameter_server_job_with_evaluator_succeeds_and_a_deleted_worker_is_recreated_alone(installed, namespace):
     cluster = installed
     job = sample("ps-training")
