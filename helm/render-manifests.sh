@@ -60,6 +60,7 @@ namespace > "$OUT/operator/00-namespace.yaml"
 render serviceaccount.yaml > "$OUT/operator/10-serviceaccount.yaml"
 render deployment.yaml > "$OUT/operator/20-deployment.yaml"
 render progress-service.yaml > "$OUT/operator/25-progress-service.yaml"
+render network-policy.yaml > "$OUT/operator/26-network-policy.yaml"
 render queue-name-policy.yaml > "$OUT/operator/30-queue-name-policy.yaml"
 
 if [[ "${1:-}" == "--check" ]]; then

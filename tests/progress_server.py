@@ -1,6 +1,6 @@
 """A stand-in for the operator's progress endpoint (protocol v1), for the unit and trainer tiers: it checks each report
-with the operator's own `kubetf.core.progress.parse_report` and folds the accepted ones with `merge`, as the endpoint
-will."""
+with the operator's own `kubetf.core.progress.protocol.parse_report` and folds the accepted ones with
+`kubetf.core.progress.merge.merge`, as the endpoint will."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kubetf.core import progress
+from kubetf.core.progress import merge, protocol
 
 
 class ProgressServer:
@@ -50,9 +50,9 @@ class ProgressServer:
             status = self.statuses.pop(0) if self.statuses else 204
             record: dict[str, Any] = {"time": time.monotonic(), "status": status, "headers": headers, "path": path}
             try:
-                report = progress.parse_report(raw)
+                report = protocol.parse_report(raw)
                 record["body"] = json.loads(raw)
-            except progress.ReportError as exc:
+            except protocol.ReportError as exc:
                 self.errors.append(exc.reason)
                 status = record["status"] = exc.status
                 report = None
@@ -63,7 +63,7 @@ class ProgressServer:
             self.requests.append(record)
             if status == 204 and report is not None:
                 self.accepted.append(record["body"])
-                self.status = progress.merge(self.status, report, "chief", 0, True, time.time())
+                self.status = merge.merge(self.status, report, "chief", 0, True, time.time())
             self.cond.notify_all()
             return status
 

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from kubetf.cluster.kube_api import Creation, KubeApi, LogUnreadable, NotServed, Refused
+from kubetf.cluster.kube_api import Creation, Deletion, KubeApi, LogUnreadable, NotServed, Refused
 from kubetf.core import api, kueue, refusals
 from kubetf.core import status as st
 from kubetf.core.refusals import Refusal
@@ -33,6 +33,7 @@ class FakeApi:
         self.recorded: list[tuple[str, str, str]] = []  # Kubernetes Events: (type, reason, message)
         self.calls: list[str] = []
         self.refuse: dict[str, Exception] = {}  # pod name -> error its create raises
+        self.refuse_delete: dict[str, Exception] = {}  # pod name -> error its delete raises
         self.invalid: dict[str, str] = {}  # role -> the API server's message refusing its pods (dry runs too)
         self.logs: dict[str, str] = {}  # pod name -> what its training container printed
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
@@ -107,7 +108,8 @@ class FakeApi:
         job = copy.deepcopy(document)
         job["metadata"].setdefault("namespace", "default")
         job["metadata"].setdefault("generation", 1)
-        job["metadata"]["uid"] = f"job-uid-{next(self.uids)}"
+        # Shaped like the API server's: a group name keeps the uid's first 8 characters (kubetf.core.kueue)
+        job["metadata"]["uid"] = f"{next(self.uids):08x}-4a1b-4c2d-8e3f-job000000000"
         self._bump(job)
         self.jobs[(job["metadata"]["namespace"], job["metadata"]["name"])] = job
         self._emit("jobs", "ADDED", job)
@@ -277,13 +279,17 @@ class FakeApi:
         self._emit("pods", "ADDED", pod)
         return copy.deepcopy(pod)
 
-    def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> list[Obj]:
-        gone = []
+    def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> Deletion:
+        result = Deletion()
         for pod in pods:
             self.calls.append("delete Pod" if grace_seconds is None else f"delete Pod grace {grace_seconds}")
+            refused = self.refuse_delete.get(pod["metadata"]["name"])
+            if refused is not None:
+                result.failed.append((pod, refused))
+                continue
             current = self.pods.get(pod["metadata"]["name"])
             if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
-                gone.append(pod)
+                result.gone.append(pod)
                 continue
             if grace_seconds == 0 and not current["metadata"].get("finalizers"):  # a lost node's pod: gone at once
                 self.remove_pod(current["metadata"]["name"])
@@ -293,10 +299,13 @@ class FakeApi:
             current["metadata"]["deletionTimestamp"] = st.format_time(self.clock() + grace)
             current["metadata"]["deletionGracePeriodSeconds"] = grace
             self.update_pod(current["metadata"]["name"])
-        return gone
+        return result
 
     def delete_pod(self, pod: dict, grace_seconds: int | None = None) -> bool:
-        return not self.delete_pods([pod], grace_seconds)
+        result = self.delete_pods([pod], grace_seconds)
+        if result.failed:
+            raise result.failed[0][1]
+        return not result.gone
 
     def mark_unretriable(self, pods: list[Obj]) -> None:
         for pod in pods:

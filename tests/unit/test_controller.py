@@ -257,6 +257,28 @@ def test_writes_are_refused_without_the_lease_before_anything_is_sent():
         kube.delete_pod(dict(pod, metadata={**pod["metadata"], "uid": "u"}))
 
 
+def test_a_write_whose_rate_limiter_wait_outlasts_the_lease_is_not_sent():
+    # Leadership was checked before the limiter's wait: a write that waited longer than the lease's margin left
+    # after another operator could have taken over. It is checked after the wait now.
+    leading_until = time.monotonic() + 0.2
+    kube = Kube(qps=2, burst=1, may_write=lambda: time.monotonic() < leading_until)
+    sent = []
+    kube.core.delete_namespaced_pod = lambda *args, **kwargs: sent.append(args)  # what would go out
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "default", "uid": "u"}}
+    kube.limiter.acquire()  # the bucket is empty: the next write waits half a second for its token
+    with pytest.raises(NotLeader):
+        kube.delete_pod(pod)
+    assert sent == []
+
+
+def test_every_write_is_guarded_workload_deletes_and_events_too():
+    kube = Kube(qps=100, burst=100, may_write=lambda: False)
+    with pytest.raises(NotLeader):
+        kube.delete_workload("team-a", "mnist-00000001", "uid")
+    with pytest.raises(NotLeader):
+        kube.event({"metadata": {"name": "mnist", "namespace": "team-a"}}, "Normal", "Test", "test")
+
+
 def test_config_defaults_are_stated_once():
     from kubetf.cli import main as cli
 
@@ -623,3 +645,98 @@ def test_a_pod_found_already_gone_when_deleted_brings_its_job_back():
     plan = shell.controller.reconcile(shell.key)
     assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-chief-0", "mnist-worker-0"]
     assert shell.queued() == [(shell.key, URGENT)]
+
+
+def test_a_failed_delete_is_retried_within_five_seconds_not_held_by_its_expectation():
+    # Deletion expectations were raised before the delete and never lowered when it failed (a 503, a webhook): the
+    # retry waited for a DELETED event that could not come, for the 30 s expectation timeout.
+    shell = Shell(mwms()).running()
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed", "containerStatuses": [
+        {"name": "tensorflow", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}  # fmt: skip
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    unavailable = client.ApiException(status=503, reason="Service Unavailable")
+    shell.api.refuse_delete = {name: unavailable for name in shell.api.pods}
+    with pytest.raises(client.ApiException):
+        shell.controller.reconcile(shell.key)  # the group restart's deletes fail
+    delay = shell.controller.queue.retry(shell.key, URGENT, shell.controller.config.transient_retry_cap)
+    assert delay <= 5
+    shell.api.refuse_delete = {}
+    shell.now += delay
+    plan = shell.controller.reconcile(shell.key)
+    assert plan is not None, "the retry waited for deletions that never happened"
+    assert {p["metadata"]["name"] for p in plan.delete} >= {"mnist-chief-0", "mnist-worker-0"}
+
+
+def test_a_job_whose_reconciles_keep_failing_says_so_and_the_first_success_clears_it():
+    shell = Shell(mwms(), reconcile_error_after=3).running()
+    denied = client.ApiException(status=403, reason="Forbidden")
+    denied.body = '{"message": "admission webhook \\"deny-deletes.example.com\\" denied the request: frozen"}'
+    shell.api.refuse_delete = {"mnist-worker-0": denied, "mnist-worker-1": denied}
+    shell.api.pods["mnist-chief-0"]["status"] = {"phase": "Failed", "containerStatuses": [
+        {"name": "tensorflow", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}  # fmt: skip
+    shell.api.update_pod("mnist-chief-0")
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    for _ in range(3):  # three attempts (the backoff's timers do not matter here: the test hands the job out)
+        shell.controller.queue.add(shell.key, NORMAL)
+        shell.controller.process(*shell.controller.queue.get())
+        shell.api.deliver(shell.controller)
+    condition = next(c for c in shell.status()["conditions"] if c["type"] == "ReconcileError")
+    assert condition["status"] == "True" and "denied the request: frozen" in condition["message"]
+    assert [r for _, r, _ in shell.api.recorded].count("ReconcileError") == 1
+    assert shell.status()["phase"] == "Restarting"  # the phase condition is still the job's own
+    shell.api.refuse_delete = {}
+    for _ in range(2):  # the one that succeeds, then the one it asks for, which clears the condition
+        shell.controller.queue.add(shell.key, NORMAL)
+        shell.controller.process(*shell.controller.queue.get())
+        shell.api.deliver(shell.controller)
+    condition = next(c for c in shell.status()["conditions"] if c["type"] == "ReconcileError")
+    assert (condition["status"], condition["reason"]) == ("False", "Reconciled")
+
+
+def test_a_pod_with_the_jobs_labels_that_is_not_its_own_is_never_touched_and_its_task_says_why():
+    # Only what is provably the job's own (its controller reference) is deleted, marked or counted: a pod someone
+    # made by hand with the job's labels and a task's name, or another controller's, is left alone.
+    shell = Shell(mwms())
+    stranger = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "mnist-worker-1",
+            "namespace": "team-a",
+            "uid": "uid-of-someone-elses-pod",
+            "labels": {
+                "app.kubernetes.io/managed-by": "kubetf",
+                "kubetf.io/job-name": "mnist",
+                "kubetf.io/role": "worker",
+                "kubetf.io/index": "1",
+                "kubetf.io/attempt": "0",
+            },
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "rs", "controller": True}
+            ],
+        },
+        "spec": {"containers": [{"name": "tensorflow"}], "nodeName": "node-a"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    shell.api.pods["mnist-worker-1"] = stranger
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    assert "mnist-chief-0" in shell.api.pods and "mnist-worker-0" in shell.api.pods
+    assert shell.api.pods["mnist-worker-1"]["metadata"]["uid"] == "uid-of-someone-elses-pod"
+    status = shell.status()
+    assert (status["phase"], status["reason"]) == ("Pending", "PodNameInUse")
+    assert status["replicaStatuses"]["worker"]["active"] == 1  # the stranger is not counted as the job's
+    message = next(c["message"] for c in status["conditions"] if c["type"] == "Pending")
+    assert "pod mnist-worker-1 exists and is not this job's (its controller: ReplicaSet web)" in message
+    shell.job_document = shell.api.jobs[shell.key]
+    shell.job_document["spec"]["runPolicy"] = {"suspend": True}
+    shell.api.update_job(shell.key)
+    shell.api.deliver(shell.controller)
+    plan = shell.controller.reconcile(shell.key)  # suspended: every pod of the job goes, and only those
+    assert "mnist-worker-1" not in {p["metadata"]["name"] for p in plan.delete}
+    assert not shell.api.pods["mnist-worker-1"]["metadata"].get("deletionTimestamp")

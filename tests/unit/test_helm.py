@@ -298,6 +298,7 @@ def test_rbac_can_be_left_out(helm: str) -> None:
     objects = template(helm, "--set", "rbac.create=false", "--set", "serviceAccount.create=false")
     assert {o["kind"] for o in objects} == {
         "Deployment",
+        "NetworkPolicy",
         "Service",  # the progress endpoint's
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
@@ -491,3 +492,25 @@ def test_progress_reports_have_a_service_token_reviews_and_can_be_turned_off(hel
     (container,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["args"][-2:] == ["--progress-port", "0"] and "--progress-url" not in container["args"]
     assert not TOKEN_REVIEWS & permissions(one(off, "ClusterRole"))
+
+
+def test_a_network_policy_lets_only_training_pods_reach_the_progress_port_and_nothing_else_in(helm: str) -> None:
+    objects = template(helm)
+    policy = one(objects, "NetworkPolicy")
+    deployment = one(objects, "Deployment")
+    assert policy["spec"]["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (progress,) = policy["spec"]["ingress"]  # no rule for /metrics or /healthz: only the node's kubelet probes it
+    assert progress["ports"] == [{"port": "progress", "protocol": "TCP"}]
+    assert progress["from"] == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "kubetf"}}}
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {p["name"] for p in container["ports"]} == {"healthz", "metrics", "progress"}
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    scraped = template(helm, "--set-json", f"networkPolicy.metricsFrom=[{json.dumps(monitoring)}]")
+    rules = one(scraped, "NetworkPolicy")["spec"]["ingress"]
+    assert {"from": [monitoring], "ports": [{"port": "metrics", "protocol": "TCP"}]} in rules
+    quiet = template(helm, "--set", "progress.enabled=false")
+    assert one(quiet, "NetworkPolicy")["spec"]["ingress"] == []  # nothing may come in
+    assert not by_kind(template(helm, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")

@@ -356,18 +356,70 @@ def test_a_running_jobs_workload_is_never_deleted_even_with_no_pod_left():
     assert not any(c.startswith("delete workload") for c in sim.api.calls)
 
 
-@pytest.mark.parametrize(
-    "workload, job, expected",
-    [
-        ("mnist-1a2b3c4d", "mnist", True),
-        ("mnist-1a2b3c4d", "mnist-1a2b", False),
-        ("mnist-1a2b3c4d5", "mnist", False),  # not a group's uid
-        ("mnist-worker-1a2b3c4d", "mnist", False),
-        ("a" * 54 + "-1a2b3c4d", "a" * 60, True),  # the name is cut to fit a label
-    ],
-)
-def test_a_workload_is_known_as_a_group_of_a_job_by_its_name(workload, job, expected):
-    assert kueue.is_group_of(workload, job) is expected
+def foreign_group(sim, name, owner="uid-of-another-teams-pod"):
+    """Another team's plain pod group in the job's namespace: its Workload, owned by its own running pod."""
+    sim.api.kueue["workloads"][name] = {
+        "metadata": {"name": name, "ownerReferences": [{"kind": "Pod", "uid": owner}]},
+        "status": {"conditions": [{"type": "Admitted", "status": "True"}]},
+    }
+
+
+def test_another_teams_pod_group_named_like_the_job_is_never_touched_when_the_job_ends():
+    sim = admitted_and_running(queued(mwms_job()))  # the job "mnist"
+    foreign_group(sim, "mnist-finetune")  # "<job>-<8 characters>": what a prefix match took for the job's own
+    foreign_group(sim, "mnist-00000002")  # the job's name and 8 hex characters, owned by someone else's pod
+    own = kueue.group_name(sim.job)
+    sim.api.delete_job(*sim.key)
+    for name, pod in sim.pods.items():  # the garbage collector deletes them
+        pod["metadata"]["deletionTimestamp"] = st.format_time(sim.now)
+        sim.api.update_pod(name)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    terminate(sim)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert own not in sim.api.kueue["workloads"]  # its own went at once
+    assert {"mnist-finetune", "mnist-00000002"} <= set(sim.api.kueue["workloads"])
+    assert [c for c in sim.api.calls if c.startswith("delete workload")] == [f"delete workload {own}"]
+    assert "mnist-finetune" not in {name for _, name in sim.controller.store.workloads}  # not even kept in memory
+
+
+def test_two_jobs_whose_names_share_all_but_the_last_character_keep_their_own_workloads():
+    long = "a" * 54  # a group name keeps 54 characters of the job's name (and 8 of its uid)
+    sim = kueue_sim(queued(job(f"{long}1", worker=replica(2))))
+    other = sim.api.add_job(queued(job(f"{long}2", worker=replica(2))))
+    other_key = ("team-a", other["metadata"]["name"])
+    groups = kueue.group_name(sim.job), kueue.group_name(other)
+    assert groups[0][:54] == groups[1][:54] and groups[0] != groups[1]
+    for key in (sim.key, other_key):
+        sim.api.deliver(sim.controller)
+        sim.controller.reconcile(key)
+    for group in groups:  # Kueue admits both groups
+        sim.api.kueue["workloads"][group] = {
+            "metadata": {"name": group},
+            "status": {
+                "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]
+            },
+        }
+    for name, pod in sim.pods.items():
+        pod["spec"]["schedulingGates"] = []
+        sim.api.update_pod(name)
+    run(sim)
+    sim.api.delete_job(*sim.key)  # the first job ends; its pods go with it
+    for _ in range(3):
+        for name, pod in sim.pods.items():
+            if pod["metadata"]["labels"][api.LABEL_JOB] == sim.key[1]:
+                pod["metadata"]["deletionTimestamp"] = st.format_time(sim.now)
+                sim.api.update_pod(name)
+        terminate(sim)
+        sim.api.deliver(sim.controller)
+        sim.controller.reconcile(sim.key)
+    assert groups[0] not in sim.api.kueue["workloads"]
+    assert groups[1] in sim.api.kueue["workloads"]  # the other job's: untouched, its pods run on
+    assert [c for c in sim.api.calls if c.startswith("delete workload")] == [f"delete workload {groups[0]}"]
+    assert len([p for p in sim.pods.values() if p["metadata"]["labels"][api.LABEL_JOB] == other_key[1]]) == 2
 
 
 # ---------------------------------------------------------------------- bad input

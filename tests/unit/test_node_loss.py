@@ -47,6 +47,6 @@ def test_a_node_that_stopped_just_after_a_heartbeat_is_blamed_for_a_failure_righ
         def get_node(self, name):
             return node("Unknown", marked)
 
-    observer = Observer(Nodes(), Store(tombstone_seconds=1), None, DEFAULTS, clock=lambda: marked + 3)  # type: ignore[arg-type]
+    observer = Observer(Nodes(), Store(tombstone_seconds=1), None, None, DEFAULTS, clock=lambda: marked + 3)  # type: ignore[arg-type]
     since = observer._read_node("spot-1", marked + 3)
     assert since is not None and since <= failure

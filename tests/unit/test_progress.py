@@ -8,8 +8,11 @@ import math
 
 import pytest
 
-from kubetf.core import progress
-from kubetf.core.progress import Report, ReportError, curve, duration, health, merge, parse_report
+from kubetf.core.progress.curve import curve
+from kubetf.core.progress.health import health
+from kubetf.core.progress.merge import merge
+from kubetf.core.progress.protocol import MAX_BODY, Report, ReportError, parse_report
+from kubetf.core.progress.rates import duration
 from kubetf.core.status import format_time
 
 T0 = 1_700_000_000.0
@@ -96,7 +99,7 @@ def test_malformed_reports_say_what_is_wrong(raw, reason):
 
 
 def test_too_large_is_413():
-    raw = body(step=1, metrics={"loss": 1}) + b" " * progress.MAX_BODY
+    raw = body(step=1, metrics={"loss": 1}) + b" " * MAX_BODY
     with pytest.raises(ReportError) as err:
         parse_report(raw)
     assert err.value.status == 413 and "at most 16384" in err.value.reason
@@ -377,18 +380,21 @@ def test_loss_not_finite_says_which_and_where():
 
 
 @pytest.mark.parametrize(
-    "progress_ago,report_ago,extra,stalled,why",
+    "progress_ago,report_ago,extra,done,stalled,why",
     [
-        (60, 5, {}, False, None),
-        (599, 599, {}, False, None),
-        (700, 5, {}, True, "no progress for 12m, still at step 1200, epoch 3/10: the program still reports (last 5s"),
-        (700, 700, {}, True, "no progress for 12m, still at step 1200, epoch 3/10: no report for 12m"),
-        (7200, 7200, {"final": True}, False, None),  # the program said it ended
+        (60, 5, {}, False, False, None),
+        (599, 599, {}, False, False, None),
+        (700, 5, {}, False, True, "no progress for 12m, still at step 1200, epoch 3/10: the program still reports"),
+        (700, 700, {}, False, True, "no progress for 12m, still at step 1200, epoch 3/10: no report for 12m"),
+        (7200, 7200, {"final": True}, True, False, None),  # the task that reports exited 0: the rest runs on
+        # A final report is sent at every exit, a crash's too: the restarted program that then stops reporting is
+        # stalled all the same.
+        (7200, 7200, {"final": True}, False, True, "no progress for 2h, still at step 1200, epoch 3/10: no report"),
     ],
 )
-def test_training_stalled(progress_ago, report_ago, extra, stalled, why):
+def test_training_stalled(progress_ago, report_ago, extra, done, stalled, why):
     progress_dict, now = stall_case(progress_ago, report_ago, **extra)
-    found = dict(health(progress_dict, now, 600))
+    found = dict(health(progress_dict, now, 600, done))
     assert ("TrainingStalled" in found) == stalled
     if why:
         assert found["TrainingStalled"].startswith(why)

@@ -13,8 +13,9 @@ from typing import Any, TextIO
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.cluster.kube import Kube, Obj
-from kubetf.core import api, progress
+from kubetf.core import api
 from kubetf.core import status as st
+from kubetf.core.progress import curve, health, merge
 
 POLL_SECONDS = 1.0
 
@@ -134,13 +135,13 @@ def progress_text(status: dict[str, Any], width: int) -> str:
     for key, label in (("metrics", "metrics"), ("evalMetrics", "evaluation")):
         if found.get(key):
             lines.append(f"  {label}: " + " ".join(f"{k}={_num(v)}" for k, v in found[key].items()))
-    unhealthy = next((c for c in status.get("conditions") or [] if c.get("type") == progress.UNHEALTHY), None)
+    unhealthy = next((c for c in status.get("conditions") or [] if c.get("type") == health.UNHEALTHY), None)
     if unhealthy and unhealthy.get("status") == "True":
         lines.append(f"  {unhealthy.get('reason')}: {unhealthy.get('message')}")
     history = found.get("history") or []
     names = [n for n in ("loss", *(found.get("metrics") or {})) if any(n in p for p in history)]
-    for name in dict.fromkeys(names[: 1 + progress.HISTORY_METRICS]):
-        lines.append(textwrap.indent(progress.curve(history, name, width=width, height=8), "  "))
+    for name in dict.fromkeys(names[: 1 + merge.HISTORY_METRICS]):
+        lines.append(textwrap.indent(curve.curve(history, name, width=width, height=8), "  "))
     return "\n".join(lines) + "\n"
 
 
@@ -233,7 +234,7 @@ def submit(kube: Kube, job: Obj, namespace: str | None) -> Obj:
 
 def _api_message(error: ApiException) -> str:
     try:
-        return str(json.loads(error.body).get("message", error.reason))
+        return str(json.loads(error.body or "").get("message", error.reason))
     except (TypeError, ValueError):
         return f"{error.status} {error.reason}"
 

@@ -409,6 +409,31 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "a running job whose step has not moved this long is TrainingStalled",
     ),
     (
+        "--http-connections",
+        "http_connections",
+        int,
+        "connections each of the operator's ports holds open at once (past that: 503, retry)",
+    ),
+    (
+        "--http-read-timeout",
+        "http_read_timeout",
+        float,
+        "seconds a whole request may take to arrive at any of the operator's ports (past that: 408)",
+    ),
+    (
+        "--progress-api-qps",
+        "progress_api_qps",
+        float,
+        "API requests per second the progress port may make (TokenReviews, first reads; past that: 429)",
+    ),
+    ("--progress-api-burst", "progress_api_burst", int, "the progress port's API requests allowed in a burst"),
+    (
+        "--reconcile-error-after",
+        "reconcile_error_after",
+        int,
+        "failed reconciles in a row after which a job gets the ReconcileError condition",
+    ),
+    (
         "--node-monitor-period",
         "node_monitor_period",
         float,

@@ -72,10 +72,12 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     kept_meta = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
     slim_meta = {k: meta[k] for k in (*kept_meta, "deletionGracePeriodSeconds") if k in meta}
     controller = [
-        {"uid": o.get("uid"), "controller": True} for o in meta.get("ownerReferences") or [] if o.get("controller")
-    ]
+        {"apiVersion": o.get("apiVersion"), "kind": o.get("kind"), "name": o.get("name"), "uid": o.get("uid"),
+         "controller": True}
+        for o in meta.get("ownerReferences") or [] if o.get("controller")
+    ]  # fmt: skip
     if controller:
-        slim_meta["ownerReferences"] = controller[:1]  # tells a previous job's pods from this one's
+        slim_meta["ownerReferences"] = controller[:1]  # whose it is: this job's, a previous one's, or another's
     # Finalizers: Kueue's (kubetf.core.kueue), and whether a forced deletion removes the pod at once (executor).
     if meta.get("finalizers"):
         slim_meta["finalizers"] = list(meta["finalizers"])
@@ -106,7 +108,9 @@ def slim_workload(workload: Mapping[str, Any]) -> Obj:
     """What kubetf.core.kueue reads of a Workload: identity, its owners (the group's pods), its conditions."""
     meta = workload.get("metadata") or {}
     slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
-    slim_meta["ownerReferences"] = [{"uid": o.get("uid")} for o in meta.get("ownerReferences") or []]
+    slim_meta["ownerReferences"] = [
+        {"kind": o.get("kind"), "uid": o.get("uid")} for o in meta.get("ownerReferences") or []
+    ]
     kept = ("type", "status", "reason", "message", "lastTransitionTime")
     conditions = [
         {k: c[k] for k in kept if k in c}
@@ -150,13 +154,17 @@ class Store:
         self.pods: dict[Key, dict[str, tuple[int, str, tuple[Any, ...], str]]] = {}
         self.tombstones: OrderedDict[str, float] = OrderedDict()  # uid of a deleted object -> when
         self.cached_pods = 0  # kept as pods come and go: counting them would cost a pass over every job
+        self.pod_uids: dict[str, tuple[Key, str]] = {}  # a pod's uid -> (its job, its name)
         # Kueue (kubetf.core.kueue): LocalQueue -> its ClusterQueue; the groups' Workloads (slim JSON without their
         # resourceVersion, so an update that changes nothing read compares equal); which job a group and a queue
         # label belong to, so that a Workload's or a LocalQueue's event finds its jobs without parsing every job.
         self.local_queues: dict[Key, str] = {}
         self.workloads: dict[Key, tuple[int, str]] = {}
+        # A job's groups: its own (named for its uid) while it is queued, and those its own pods carry
+        # (kueue.pod_group), kept after the job is gone until its farewell finds nothing left (`forget_groups`): its
+        # Workloads are found by these exact names, never by a prefix of the job's name.
         self.groups: dict[Key, Key] = {}  # (namespace, group) -> job
-        self.job_groups: dict[Key, Key] = {}  # job -> (namespace, group)
+        self.job_groups: dict[Key, set[Key]] = {}  # job -> {(namespace, group)}
         self.job_queues: dict[Key, Key] = {}  # job -> (namespace, LocalQueue)
 
     def _bury(self, uid: str) -> None:
@@ -175,16 +183,14 @@ class Store:
         key = (api.namespace(job), api.name(job))
         version = resource_version(job)
         queue = kueue.queue_name(job)
-        group = kueue.group_name(job) if (job.get("metadata") or {}).get("uid") else None
+        group = kueue.group_name(job) if queue is not None and (job.get("metadata") or {}).get("uid") else None
         with self.lock:
             current = self.jobs.get(key)
             if self._buried(job) or (current is not None and version and current[0] >= version):
                 return False
             self.jobs[key] = (version, _encode(slim_job(job)))
             if group is not None:
-                self._forget_group(key)
-                self.groups[(key[0], group)] = key
-                self.job_groups[key] = (key[0], group)
+                self._add_group(key, group)
             if queue is not None:
                 self.job_queues[key] = (key[0], queue)
             else:
@@ -200,13 +206,20 @@ class Store:
         with self.lock:
             self.jobs.pop(key, None)
             self.job_queues.pop(key, None)
-            self._forget_group(key)
             self._bury(uid)
 
-    def _forget_group(self, key: Key) -> None:
-        group = self.job_groups.pop(key, None)
-        if group is not None and self.groups.get(group) == key:
-            del self.groups[group]
+    def _add_group(self, key: Key, group: str) -> None:
+        self.groups[(key[0], group)] = key
+        self.job_groups.setdefault(key, set()).add((key[0], group))
+
+    def forget_groups(self, key: Key) -> None:
+        """The job is gone and nothing of it is left: its groups, and their Workloads' events, are not its any more."""
+        with self.lock:
+            if key in self.jobs or key in self.pods:
+                return
+            for group in self.job_groups.pop(key, set()):
+                if self.groups.get(group) == key:
+                    del self.groups[group]
 
     def prune_jobs(self, namespace: str, listed: set[Key], list_version: int) -> list[Key]:
         """Drop the jobs of `namespace` ("": all) missing from a list taken at `list_version` (a watch gap hid their
@@ -216,7 +229,6 @@ class Store:
             for key in gone:
                 del self.jobs[key]
                 self.job_queues.pop(key, None)
-                self._forget_group(key)
         return gone
 
     def job_keys(self) -> list[Key]:
@@ -242,16 +254,28 @@ class Store:
             current = pods.get(name)
             if current is not None and version and current[0] >= version:
                 return False
-            pods[name] = (version, _encode(slim), signature, slim["metadata"].get("uid", ""))
+            uid = slim["metadata"].get("uid", "")
+            group = kueue.pod_group(slim)
+            if group is not None:
+                self._add_group(job, group)
+            pods[name] = (version, _encode(slim), signature, uid)
             self.cached_pods += current is None
+            if current is not None and current[3] != uid:
+                self.pod_uids.pop(current[3], None)
+            if uid:
+                self.pod_uids[uid] = (job, name)
             return current is None or current[2] != signature
 
     def remove_pod(self, job: Key, name: str, uid: str) -> bool:
         with self.lock:
             self._bury(uid)
             pods = self.pods.get(job)
-            if pods is None or pods.pop(name, None) is None:
+            entry = pods.get(name) if pods is not None else None
+            # Only that pod: a late DELETED event of an old pod must not take the new pod of the same name along.
+            if pods is None or entry is None or (uid and entry[3] != uid):
                 return False
+            del pods[name]
+            self.pod_uids.pop(entry[3], None)
             self.cached_pods -= 1
             if not pods:
                 del self.pods[job]
@@ -277,7 +301,7 @@ class Store:
             pods = self.pods.get(job) or {}
             gone = [name for name, entry in pods.items() if name not in listed and entry[0] <= list_version]
             for name in gone:
-                del pods[name]
+                self.pod_uids.pop(pods.pop(name)[3], None)
             self.cached_pods -= len(gone)
             if not pods:
                 self.pods.pop(job, None)
@@ -288,6 +312,22 @@ class Store:
         with self.lock:
             entry = (self.pods.get(job) or {}).get(name)
         return entry is not None and entry[3] == uid and not entry[2][1]
+
+    def pod_by_uid(self, uid: str) -> tuple[Key, Obj] | None:
+        """The pod of that uid and the job it is cached under (by its job label: its owner is the caller's check)."""
+        with self.lock:
+            found = self.pod_uids.get(uid)
+            entry = (self.pods.get(found[0]) or {}).get(found[1]) if found else None
+        if found is None or entry is None:
+            return None
+        return found[0], json.loads(entry[1])
+
+    def knows_pod(self, uid: str) -> bool:
+        """A pod of that uid is cached and not being deleted."""
+        with self.lock:
+            found = self.pod_uids.get(uid)
+            entry = (self.pods.get(found[0]) or {}).get(found[1]) if found else None
+        return entry is not None and not entry[2][1]
 
     def pod_jobs(self) -> list[Key]:
         with self.lock:
@@ -324,15 +364,15 @@ class Store:
             return [job for job, queue in self.job_queues.items() if queue == (namespace, name)]
 
     def put_workload(self, workload: Mapping[str, Any]) -> Key | None:
-        """Store a pod group's Workload (another job type's is not kept); the group's job when what the decisions
-        read of it changed. A group whose job is not known yet (a Workload listed before the jobs) is kept too."""
+        """Store the Workload of one of the jobs' groups (any other is not kept: another job type's, another
+        team's pod group); the group's job when what the decisions read of it changed. The jobs and their pods are
+        cached before the Workloads are listed, and a group is known before its Workload exists."""
         meta = workload.get("metadata") or {}
         key = (meta.get("namespace") or "", meta.get("name") or "")
         version = resource_version(workload)
-        pod_group = (meta.get("annotations") or {}).get(kueue.GROUP_WORKLOAD_ANNOTATION) == "true"
         with self.lock:
             job = self.groups.get(key)
-            if job is None and not pod_group:
+            if job is None:
                 return None
             slim = slim_workload(workload)
             slim["metadata"].pop("resourceVersion", None)
@@ -358,12 +398,10 @@ class Store:
                 del self.workloads[key]
             return [job for key in gone if (job := self.groups.get(key)) is not None]
 
-    def workloads_of(self, namespace: str, job_name: str) -> list[Obj]:
-        """The pod groups' Workloads named for jobs of this name (kueue.is_group_of)."""
+    def workloads_of(self, key: Key) -> list[Obj]:
+        """The Workloads of the job's groups (its own and those its pods carry), by their exact names."""
         with self.lock:
-            entries = [
-                e for (ns, name), e in self.workloads.items() if ns == namespace and kueue.is_group_of(name, job_name)
-            ]
+            entries = [e for group in self.job_groups.get(key, ()) if (e := self.workloads.get(group)) is not None]
         return [json.loads(encoded) for _, encoded in entries]
 
     def workload(self, namespace: str, name: str) -> Obj | None:

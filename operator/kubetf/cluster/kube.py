@@ -22,7 +22,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.cluster import metrics
-from kubetf.cluster.kube_api import Creation, LogUnreadable, NotLeader, NotServed, Refused
+from kubetf.cluster.kube_api import Creation, Deletion, LogUnreadable, NotLeader, NotServed, Refused
 from kubetf.core import api, kueue
 from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 
@@ -30,8 +30,10 @@ log = logging.getLogger("kubetf.cluster.kube")
 
 Obj = dict[str, Any]
 
-# The objects of the operator's domain: writing them is the leader's alone (leases are not among them).
-GUARDED_RESOURCES = {api.PLURAL, f"{api.PLURAL}/status", "pod", "pods", "service", "persistentvolumeclaim", "events"}
+# Every write is the leader's alone but these: the election's own Lease, and the progress endpoint's TokenReviews
+# (a question to the API server, not a change).
+UNGUARDED_RESOURCES = {"leases", "tokenreviews"}
+READS = ("get", "list", "watch")
 PAGE_SIZE = 500
 
 
@@ -62,9 +64,16 @@ def is_transient(error: BaseException) -> bool:
 
 def _message(error: ApiException) -> str:
     try:
-        return str(json.loads(error.body)["message"])
+        return str(json.loads(error.body or "")["message"])
     except (TypeError, ValueError, KeyError):
         return str(error.reason or error.status)
+
+
+def describe(error: BaseException) -> str:
+    """One line for an error of the API or the network: the API server's own message, with its status code."""
+    if isinstance(error, ApiException):
+        return f"{error.status} {_message(error)}"[:300]
+    return _short(error)
 
 
 def _short(error: BaseException) -> str:
@@ -86,16 +95,23 @@ class RateLimiter:
         self.stamp = time.monotonic()
         self.lock = threading.Lock()
 
+    def _take(self) -> float:
+        """Take a token if one is there (0.0); else how long until one is, taking nothing."""
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.qps)
+            self.stamp = now
+            if self.tokens >= 1:
+                self.tokens -= 1
+                return 0.0
+            return (1 - self.tokens) / self.qps
+
+    def try_acquire(self) -> bool:
+        """Take a token if one is there now; never waits."""
+        return self._take() == 0.0
+
     def acquire(self) -> None:
-        while True:
-            with self.lock:
-                now = time.monotonic()
-                self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.qps)
-                self.stamp = now
-                if self.tokens >= 1:
-                    self.tokens -= 1
-                    return
-                wait = (1 - self.tokens) / self.qps
+        while (wait := self._take()) > 0:
             time.sleep(wait)
 
 
@@ -131,10 +147,11 @@ class Kube:
         self.instance = instance or socket.gethostname()
 
     def _call(self, verb: str, resource: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        writing = verb not in ("get", "list") and resource in GUARDED_RESOURCES
-        if writing and self.may_write is not None and not self.may_write():
-            raise NotLeader(f"{verb} {resource}: this operator does not hold the leader lease")
         self.limiter.acquire()
+        # After the limiter's wait, which may be long: a write leaves only while the lease is held (cluster.leader).
+        guarded = verb not in READS and resource not in UNGUARDED_RESOURCES
+        if guarded and self.may_write is not None and not self.may_write():
+            raise NotLeader(f"{verb} {resource}: this operator does not hold the leader lease")
         metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
         try:
             response = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
@@ -328,10 +345,23 @@ class Kube:
         except Exception as error:  # reported by create_batches, raised by its caller
             return error
 
-    def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> list[Obj]:
-        """Delete these pods; returns those that were already gone."""
-        deleted = self.pool.map(lambda pod: self.delete_pod(pod, grace_seconds), pods)
-        return [pod for pod, done in zip(pods, deleted, strict=True) if not done]
+    def delete_pods(self, pods: list[Obj], grace_seconds: int | None = None) -> Deletion:
+        """Delete these pods, in parallel; one that fails does not stop the others."""
+        result = Deletion()
+        for pod, outcome in zip(
+            pods, self.pool.map(lambda p: self._delete_outcome(p, grace_seconds), pods), strict=True
+        ):
+            if isinstance(outcome, Exception):
+                result.failed.append((pod, outcome))
+            elif not outcome:
+                result.gone.append(pod)
+        return result
+
+    def _delete_outcome(self, pod: Obj, grace_seconds: int | None) -> bool | Exception:
+        try:
+            return self.delete_pod(pod, grace_seconds)
+        except Exception as error:  # reported by delete_pods, raised by its caller
+            return error
 
     def delete_pod(self, pod: Obj, grace_seconds: int | None = None) -> bool:
         """Delete exactly this pod (uid precondition), with its own grace period so it can save a checkpoint unless
@@ -481,11 +511,12 @@ class Kube:
     def pod_log(self, namespace: str, name: str, follow: bool = False, container: str | None = None) -> Any:
         """The pod's log as a stream of bytes lines (follow: until the container ends)."""
         self.limiter.acquire()
-        response = self.core.read_namespaced_pod_log(
-            name, namespace, container=container, follow=follow, _preload_content=False,
-            _request_timeout=(self.timeout[0], None) if follow else self.timeout,
-        )  # fmt: skip
-        return response
+        # Followed, no read timeout: the log may be quiet for as long as the program is (the client's own types
+        # do not say a None read timeout, which urllib3 takes).
+        timeout: Any = (self.timeout[0], None) if follow else self.timeout
+        return self.core.read_namespaced_pod_log(
+            name, namespace, container=container, follow=follow, _preload_content=False, _request_timeout=timeout
+        )
 
     def pod_log_tail(self, pod: Obj, container: str, since_seconds: int, limit_bytes: int) -> str:
         """What the container printed in the last `since_seconds` (at most `limit_bytes`); "" when there is no
@@ -494,7 +525,8 @@ class Kube:
         self.limiter.acquire()
         metrics.API_REQUESTS.labels(verb="get", resource="pods/log").inc()
         try:
-            response = self.core.read_namespaced_pod_log(
+            # not preloaded: the raw urllib3 response, whatever the client's types say
+            response: Any = self.core.read_namespaced_pod_log(
                 meta["name"], meta["namespace"], container=container, since_seconds=since_seconds,
                 limit_bytes=limit_bytes, _preload_content=False, _request_timeout=self.log_timeout,
             )  # fmt: skip

@@ -23,3 +23,17 @@ JOB_HEALTH = Gauge(
     "1 while a running job's training is unhealthy, by reason",
     ["namespace", "job", "reason"],
 )
+REQUESTS = Counter(
+    "kubetf_http_requests_total", "Requests the operator's ports answered, by port and status", ["port", "code"]
+)
+CONNECTIONS = Gauge("kubetf_http_connections", "Connections open to each of the operator's ports", ["port"])
+TOKEN_REVIEWS = Counter(
+    "kubetf_progress_token_reviews_total",
+    "TokenReviews of progress tokens, by result (valid, refused, over budget, error)",
+    ["result"],
+)
+EVENT_LOOP_LAG = Histogram(
+    "kubetf_event_loop_lag_seconds",
+    "How late kopf's event loop ran a probe due every 100 ms (a blocked loop delays every watch)",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)

@@ -181,11 +181,20 @@ class Expectations(Generic[Key]):
 
     def cancel_creations(self, key: Key, names: Iterable[str]) -> None:
         """Creates that did not happen (the API server refused them): nothing to wait for."""
+        self._cancel(key, creations=names)
+
+    def cancel_deletions(self, key: Key, uids: Iterable[str]) -> None:
+        """Deletes that did not happen (a 503, a webhook): nothing to wait for, as the Job controller's
+        DeletionObserved after a failed delete; the retry deletes them again."""
+        self._cancel(key, deletions=uids)
+
+    def _cancel(self, key: Key, creations: Iterable[str] = (), deletions: Iterable[str] = ()) -> None:
         with self.lock:
             entry = self.pending.get(key)
             if entry is None:
                 return
-            entry.creations.difference_update(names)
+            entry.creations.difference_update(creations)
+            entry.deletions.difference_update(deletions)
             if not entry.creations and not entry.deletions:
                 del self.pending[key]
 

@@ -10,8 +10,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kubetf.core import api, kueue, progress
+from kubetf.core import api, kueue
 from kubetf.core.api import Job
+from kubetf.core.progress import identity
 
 # Enough for one training step plus a checkpoint save after SIGTERM (PreemptionCheckpointHandler).
 DEFAULT_TERMINATION_GRACE_SECONDS = 120
@@ -230,12 +231,12 @@ def _checkpoint_volume(pod_spec: dict[str, Any], container: dict[str, Any], job:
 def _progress_reports(pod_spec: dict[str, Any], container: dict[str, Any], url: str) -> None:
     """A token only the progress endpoint accepts (its audience), bound to this pod and rotated by the kubelet: the
     pod can report for its own job and do nothing else with it (kubetf.runtime.progress)."""
-    token = {"audience": progress.AUDIENCE, "expirationSeconds": PROGRESS_TOKEN_SECONDS, "path": "token"}
+    token = {"audience": identity.AUDIENCE, "expirationSeconds": PROGRESS_TOKEN_SECONDS, "path": "token"}
     volume = {"name": PROGRESS_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}}
     pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != PROGRESS_VOLUME] + [volume]
     mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != PROGRESS_VOLUME]
-    container["volumeMounts"] = [*mounts, {"name": PROGRESS_VOLUME, "mountPath": progress.TOKEN_PATH, "readOnly": True}]
-    ours = {"KUBETF_PROGRESS_URL": url, "KUBETF_PROGRESS_TOKEN_FILE": f"{progress.TOKEN_PATH}/token"}
+    container["volumeMounts"] = [*mounts, {"name": PROGRESS_VOLUME, "mountPath": identity.TOKEN_PATH, "readOnly": True}]
+    ours = {"KUBETF_PROGRESS_URL": url, "KUBETF_PROGRESS_TOKEN_FILE": f"{identity.TOKEN_PATH}/token"}
     container["env"] = [e for e in container["env"] if e.get("name") not in ours] + [
         {"name": key, "value": value} for key, value in ours.items()
     ]

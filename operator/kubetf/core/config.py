@@ -94,6 +94,16 @@ class OperatorConfig:
     progress_write_seconds: float = 30.0
     progress_writes_per_second: float = 5.0
     progress_stall_seconds: float = 600.0
+    # Every port of the operator (progress, metrics, healthz: kubetf.runtime.server): connections open at once, and
+    # seconds a whole request (head and body) has to arrive.
+    http_connections: int = 1024
+    http_read_timeout: float = 1.0
+    # What the progress endpoint may ask of the API server (TokenReviews of new tokens, a job's stored progress at its
+    # first report), per second and in a burst, on its own client: past that, 429.
+    progress_api_qps: float = 50.0
+    progress_api_burst: int = 100
+    # A job whose reconciles failed this many times in a row gets the ReconcileError condition (kubetf.core.failing).
+    reconcile_error_after: int = 3
 
     @property
     def node_silence(self) -> float:

@@ -61,8 +61,25 @@ def managed_here(job: Job) -> bool:
 
 def group_name(job: Job) -> str:
     """The job's pod group, which names its Workload: the job's name and the start of its uid (a label value)."""
-    uid = job["metadata"].get("uid", "")[:GROUP_UID_CHARS]
-    return f"{api.name(job)[: 62 - len(uid)]}-{uid}"
+    return group_name_for(api.name(job), job["metadata"].get("uid", ""))
+
+
+def group_name_for(job_name: str, job_uid: str) -> str:
+    """The pod group of the job of that name and uid (`group_name`)."""
+    uid = job_uid[:GROUP_UID_CHARS]
+    return f"{job_name[: 62 - len(uid)]}-{uid}"
+
+
+def pod_group(pod: Pod) -> str | None:
+    """The group a pod of ours carries, when it is the group of the job that owns the pod (its controller's uid):
+    never a group the pod names for anything else."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    group, job_name = labels.get(GROUP_LABEL), labels.get(api.LABEL_JOB)
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    if not group or not job_name or not owners:
+        return None
+    return group if group == group_name_for(job_name, owners[0].get("uid") or "") else None
 
 
 def group_size(job: Job) -> int:
@@ -169,22 +186,20 @@ def bookkeeping(
     return (needs_unretriable(pods) if ending else []), release
 
 
-def is_group_of(workload_name: str, job_name: str) -> bool:
-    """The Workload is named for a pod group of a job of this name (group_name, of any uid)."""
-    prefix = job_name[: 62 - GROUP_UID_CHARS] + "-"
-    return workload_name.startswith(prefix) and len(workload_name) == len(prefix) + GROUP_UID_CHARS
-
-
 def orphaned(workloads: list[dict[str, Any]], pods: list[Pod]) -> list[dict[str, Any]]:
     """The Workloads of an ended job's pod groups (deleted, suspended, finished) that no pod of it owns any more and
     Kueue has not finished: they would hold their quota until the garbage collector notices they have no owner,
-    in its own time. The operator deletes them at once (Kueue lets a deleted Workload go, and its quota with it)."""
+    in its own time. The operator deletes them at once (Kueue lets a deleted Workload go, and its quota with it).
+
+    `workloads`: those named exactly for the job's own groups (its uid's, and those its own pods carry: the cache
+    finds them by name, never by a prefix); one owned by anything but a pod is not a pod group's, whatever its
+    name, and stays."""
     uids = {p["metadata"].get("uid") for p in pods}
     return [
         w
         for w in workloads
         if _condition(w, "Finished") != "True"
-        and not any(o.get("uid") in uids for o in w["metadata"].get("ownerReferences") or [])
+        and all(o.get("kind") == "Pod" and o.get("uid") not in uids for o in w["metadata"].get("ownerReferences") or [])
     ]
 
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetf.core.api import Job
+from kubetf.core.failing import Failing
 from kubetf.core.kueue import Admission, managed_here
+from kubetf.core.progress.merge import Held
 from kubetf.core.sigterm import LogRead, Watched
 
 Pod = dict[str, Any]
@@ -24,7 +26,7 @@ class Observed:
     """Everything a reconcile of one job reads, at one instant."""
 
     job: Job | None  # None: deleted (or being deleted); its pods go with it
-    pods: list[Pod]
+    pods: list[Pod]  # the pods of TrainingJobs of its name: its own, and a previous job's of the same name
     now: float
     # The nodes of the job's pods that stopped reporting (NotReady, Unknown, gone): since when, as far as known.
     lost_nodes: Mapping[str, float] = field(default_factory=dict)
@@ -35,6 +37,12 @@ class Observed:
     logs: Mapping[str, str | None] = field(default_factory=dict)
     # The Workloads named for the job's pod groups, once it has ended (deleted, suspended, finished): kueue.orphaned
     workloads: list[dict[str, Any]] = field(default_factory=list)
+    # The job's progress as the operator holds it, newer than its status until written (kubetf.core.progress)
+    progress: Held | None = None
+    failing: Failing | None = None  # its reconciles that failed in a row (kubetf.core.failing)
+    # Pods that carry the job's labels but are not a TrainingJob's of its name (status.split_pods): never touched;
+    # one that holds a task's pod name keeps that task waiting.
+    foreign: list[Pod] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,11 @@ class Plan:
     requeue_at: float | None = None
     delete_job: bool = False
     admission: Admission | None = None
+    # The held progress (Observed.progress): `status` carries it when its write is due (`Held.release`); else it goes
+    # with any status write this plan makes (`progress_along`), so the write that says a job ended says how far it got.
+    progress: Held | None = None
+    progress_along: dict[str, Any] | None = None
+    names_taken: list[tuple[str, Pod]] = field(default_factory=list)  # tasks' pod names another's pod holds
 
     def wake_at(self, when: float | None) -> None:
         if when is not None and (self.requeue_at is None or when < self.requeue_at):

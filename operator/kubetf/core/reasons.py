@@ -204,6 +204,27 @@ OPERATOR: dict[str, Reason] = {
         "A job that was `LossNotFinite` or `TrainingStalled` advances again with a finite loss.",
         "Nothing.",
     ),
+    "PodNameInUse": Reason(
+        WARNING_WAIT,
+        "A pod with the name of one of the job's pods exists and is not the job's (its controller reference names "
+        "something else, or nothing), though it may carry the job's labels. The operator never deletes a pod that is "
+        "not its job's: that task waits until the name is free.",
+        "Find out whose pod it is (`kubectl get pod NAME -o yaml`); delete it, or create the job under another name.",
+    ),
+    "ReconcileError": Reason(
+        "`ReconcileError` condition, Warning event",
+        "The operator's last reconciles of the job failed (3 in a row, `--reconcile-error-after`); the message has the "
+        "API server's own words (a webhook that refuses a delete, a quota, the API server unavailable). The operator "
+        "retries with backoff: at most 5 s apart for an error of the cluster that passes by itself, doubling to 5 "
+        "minutes otherwise.",
+        "Fix what the message names if it is yours (a webhook or a policy that refuses the operator); else wait: the "
+        "condition turns False (`Reconciled`) with the first reconcile that succeeds.",
+    ),
+    "Reconciled": Reason(
+        "`ReconcileError` condition turned False",
+        "A job whose reconciles had failed was reconciled again.",
+        "Nothing.",
+    ),
 }
 
 KUBERNETES: dict[str, Reason] = {

@@ -12,12 +12,13 @@ import copy
 import dataclasses
 from typing import Any
 
-from kubetf.core import api, builders, kueue, node_loss, policy, progress, refusals, sigterm, timers
+from kubetf.core import api, builders, failing, kueue, node_loss, policy, refusals, sigterm, timers
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.config import OperatorConfig
 from kubetf.core.plan import Event, Farewell, Observed, Plan, runs_here
 from kubetf.core.policy import Outcome, Termination
+from kubetf.core.progress import health, identity
 from kubetf.core.refusals import Refusal
 from kubetf.core.status import COMPLETED, CREATED, WAITING, Pod, TaskView
 from kubetf.core.timers import Clock
@@ -71,10 +72,31 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
         status["observedGeneration"] = generation
     decision = _Decision(result.job, status, seen.now, result, config)
     stale = _decide(decision, seen)
-    progress.judge_training(result, seen.now, config.progress_stall_seconds)
+    _training(result, seen, config)
+    if seen.failing is None:  # its failures' condition, cleared (it is set where they happen: runtime.controller)
+        failing.mark(status, None, config.reconcile_error_after, seen.now)
     _deletions(result, seen, stale, config)
     _creations(result, decision.create, config)
     return result
+
+
+def _training(result: Plan, seen: Observed, config: OperatorConfig) -> None:
+    """The progress the operator holds goes into the status when its write is due, else with any status write of
+    this plan; the training's health is judged on it (kubetf.core.progress.health), not on the stored copy."""
+    held, status = seen.progress, result.status
+    result.progress = held
+    if held is not None and held.release:
+        status["progress"] = held.progress
+    elif held is not None:
+        result.progress_along = held.progress
+    freshest = held.progress if held is not None else status.get("progress")
+    role, index = identity.coordinator(result.job)
+    done = (status.get("tasks") or {}).get(st.task_key(role, index), {}).get("state") == COMPLETED
+    judgement = health.judge(status, freshest, seen.now, config.progress_stall_seconds, done)
+    if judgement.conditions:
+        status["conditions"] = judgement.conditions
+    result.events += [Event("Warning", reason, message) for reason, message in judgement.events]
+    result.wake_at(judgement.wake_at)
 
 
 def decide(seen: Observed, config: OperatorConfig) -> Plan | Farewell:
@@ -133,7 +155,7 @@ def _live(d: _Decision, seen: Observed) -> list[Pod]:
     elif phase == st.RESTARTING and (recount := node_loss.caused_restart(views, status, seen.lost_nodes)):
         d.transition(st.RESTARTING, "NodeLost", recount, "Warning")
         result.persist_first = True
-    _replace(d, views, seen, phase)
+    taken = _replace(d, views, seen, phase)
     timers.account_job(status, views, result.admission, d.now)
     result.wake_at(timers.warnings_due(views, status, d.now, d.patience))
     failure, due = timers.startup_timeout(job, views, status, result.admission, d.now)
@@ -146,23 +168,30 @@ def _live(d: _Decision, seen: Observed) -> list[Pod]:
         result.delete += stale
         d.fail("StartupTimeout", failure, pods)
         return []
+    result.names_taken = taken
     _derive_phase(d, views, phase)
     result.wake_at(timers.deadline(job, status))
     return stale
 
 
-def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: str | None) -> None:
+def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: str | None) -> list[tuple[str, Pod]]:
     """Create the tasks that have no pod. A task's replacement is created only once its old pod is gone (the name
     is free) and no old pod of a task it restarts together with (policy.barrier) may still run; one that runs
-    nothing and is only kept for Kueue's bookkeeping (kueue.held) runs no old program."""
+    nothing and is only kept for Kueue's bookkeeping (kueue.held) runs no old program. Returns the tasks' pod names
+    that another's pod holds (they wait)."""
     job, status = d.job, d.status
     restart_after = st.parse_time(status.get("restartAfter"))
     terminating = {
         (v.role, v.index) for v in views.values() if any(not kueue.held(p, seen.lost_nodes) for p in v.stale)
     }
     old_workload = kueue.previous_runs_workload(d.plan.admission, seen.pods)  # its deletion (watched) brings it back
+    taken: list[tuple[str, Pod]] = []
     for view in views.values():
         if view.state != WAITING or view.pod is not None or view.stale or old_workload:
+            continue
+        holder = st.name_taken(api.name(job), view.role, view.index, seen.foreign)
+        if holder is not None:
+            taken.append((builders.pod_name(api.name(job), view.role, view.index), holder))
             continue
         if terminating and any(task in terminating for task in policy.barrier(job, view.role, view.index)):
             continue
@@ -176,6 +205,7 @@ def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: st
     if d.create and admission is not None and not admission.installed and phase in (None, st.PENDING):
         reason, message = admission.waiting(job)
         d.plan.events.append(Event("Warning", reason, message + "; its pods run without queueing"))
+    return taken
 
 
 def _deletions(result: Plan, seen: Observed, stale: list[Pod], config: OperatorConfig) -> None:
@@ -381,6 +411,8 @@ def _derive_phase(d: _Decision, views: dict[str, TaskView], previous: str | None
         return
     started = st.parse_time(status.get("activeSince"))
     reason, message = st.waiting_message(views, api.name(job), d.now, started, d.patience)
+    if d.plan.names_taken:
+        reason, message = "PodNameInUse", _name_taken_message(d.plan.names_taken)
     event_type = "Normal" if reason in EXPECTED_WAITS else "Warning"
     if any(status.get(wait) for wait in refusals.WAITS):
         return  # a refused create's condition stays until the creates go through (`after_creates`)
@@ -395,6 +427,17 @@ def _derive_phase(d: _Decision, views: dict[str, TaskView], previous: str | None
     ):
         return
     d.transition(st.RESTARTING if previous == st.RESTARTING else st.PENDING, reason, message, event_type)
+
+
+def _name_taken_message(taken: list[tuple[str, Pod]]) -> str:
+    name, holder = taken[0]
+    owners = [o for o in holder["metadata"].get("ownerReferences") or [] if o.get("controller")]
+    whose = f"{owners[0].get('kind')} {owners[0].get('name')}" if owners else "no owner"
+    more = f" (and {len(taken) - 1} more)" if len(taken) > 1 else ""
+    return (
+        f"pod {name}{more} exists and is not this job's (its controller: {whose}): the operator never deletes it; "
+        "its task waits until the name is free: delete that pod, or give the job another name"
+    )
 
 
 def _running_message(views: dict[str, TaskView]) -> str:

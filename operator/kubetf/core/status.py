@@ -150,6 +150,30 @@ def task_records(job: Job) -> dict[str, dict[str, Any]]:
     return records
 
 
+def split_pods(job_name: str, pods: list[Pod]) -> tuple[list[Pod], list[Pod]]:
+    """(the pods of TrainingJobs of this name: this job's and a previous job's of the same name, the others). Only the
+    first are ever deleted, marked or counted: the others carry the job's labels but not its controller reference (a
+    pod someone made by hand, another controller's), and at most keep a task's name taken (`name_taken`)."""
+    own: list[Pod] = []
+    others: list[Pod] = []
+    for pod in pods:
+        owners = [o for o in (pod.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")]
+        owner = owners[0] if owners else {}
+        ours = (
+            owner.get("kind") == api.KIND
+            and str(owner.get("apiVersion") or "").split("/")[0] == api.GROUP
+            and owner.get("name") == job_name
+        )
+        (own if ours else others).append(pod)
+    return own, others
+
+
+def name_taken(job_name: str, role: str, index: int, others: list[Pod]) -> Pod | None:
+    """Another's pod that holds the name of the task's pod (`split_pods`): the task waits, and says why."""
+    name = f"{job_name}-{role}-{index}"
+    return next((p for p in others if (p.get("metadata") or {}).get("name") == name), None)
+
+
 def owned_by_another(job: Job, pod: Pod) -> bool:
     """A pod of a previous job of the same name (deleted and re-created while its pods terminate): never one of
     this job's, whatever its labels say. Pods without an owner (`kubetf local`) belong to the job they name."""
@@ -292,7 +316,10 @@ def set_phase(
 
 
 def current_condition(status: dict[str, Any]) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c.get("status") == "True"), None)
+    """The condition of the job's phase (not one beside it: TrainingUnhealthy, ReconcileError)."""
+    return next(
+        (c for c in status.get("conditions") or [] if c.get("type") in PHASES and c.get("status") == "True"), None
+    )
 
 
 def merge_patch(old: Any, new: Any) -> Any:

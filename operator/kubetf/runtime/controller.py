@@ -17,16 +17,19 @@ from typing import Any
 
 from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key, Store
-from kubetf.cluster.kube import is_transient
+from kubetf.cluster.kube import describe, is_transient
 from kubetf.cluster.kube_api import KubeApi, NotLeader, Refused
 from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
 from kubetf.core import api, reconcile, refusals
 from kubetf.core.config import OperatorConfig
+from kubetf.core.failing import RECONCILE_ERROR, Failing
 from kubetf.core.plan import Plan
 from kubetf.runtime import positions
 from kubetf.runtime.executor import NORMAL, URGENT, Executor
 from kubetf.runtime.observer import Observer
 from kubetf.runtime.positions import QueuePositions
+from kubetf.runtime.progress.book import ProgressBook
+from kubetf.runtime.progress.gauges import JobSeries
 
 log = logging.getLogger("kubetf.operator")
 
@@ -42,10 +45,15 @@ class Controller:
         self.expectations: Expectations[Key] = Expectations(config.expectations_timeout, clock)
         self.lock = threading.Lock()
         self.positions = QueuePositions(kube, self.store, self.queue, config, clock)
-        self.observer = Observer(kube, self.store, self.positions, config, clock)
-        self.executor = Executor(kube, self.store, self.queue, self.expectations, self.positions, config)
+        self.series = JobSeries()
+        # The progress the training pods report (kubetf.runtime.progress): a write that falls due reconciles the job.
+        self.book = ProgressBook(config, clock, wake=lambda key: self.queue.add(key, NORMAL), series=self.series)
+        self.observer = Observer(kube, self.store, self.positions, self.book, config, clock)
+        self.executor = Executor(
+            kube, self.store, self.queue, self.expectations, self.positions, config, self.book, self.series
+        )
         self.threads: list[threading.Thread] = []
-        self.on_job_deleted: Callable[[Key], None] | None = None  # what else keeps state per job (progress)
+        self.failing: dict[Key, Failing] = {}  # jobs whose last reconciles failed (kubetf.core.failing)
         # Leadership (cluster.leader): a reconcile whose writes were refused for want of the lease is kept here, with
         # its priority, and run again once the lease is held (`leadership`).
         self.leading = True
@@ -213,9 +221,12 @@ class Controller:
     def leadership(self, held: bool) -> None:
         """The election's word (called on its thread): the lease was lost, or is held again. Held again, every job is
         reconciled from a fresh read (events meanwhile may not have been acted on, the watches may have missed
-        some), the decisions refused meanwhile first."""
+        some), the decisions refused meanwhile first. Lost, the progress held is outdated: another leader takes
+        reports meanwhile."""
         with self.lock:
             self.leading = held
+        if not held:
+            self.book.clear()
         if held:
             threading.Thread(target=self._regained, name="kubetf-regained", daemon=True).start()
 
@@ -235,10 +246,12 @@ class Controller:
             thread.start()
             self.threads.append(thread)
         self.positions.start()
+        self.book.start()
 
     def stop(self) -> None:
         self.stopping.set()
         self.positions.stop()
+        self.book.stop()
         self.queue.shutdown()
 
     def _work(self) -> None:
@@ -248,28 +261,49 @@ class Controller:
             except ShutDown:
                 return
             metrics.QUEUE_DEPTH.set(len(self.queue))
-            try:
-                self.reconcile(key, priority)
-                self.queue.forget(key)
-            except NotLeader as error:
-                self._refused_for_want_of_the_lease(key, priority, error)
-            except Refused as error:  # the job's status and a Warning event say it: no traceback
-                cap = {
-                    refusals.NAME_IN_USE: self.config.name_in_use_recheck,
-                    refusals.UNAVAILABLE: self.config.transient_retry_cap,
-                }.get(error.refusal.cause)
-                delay = self.queue.retry(key, priority, cap)
-                log.warning("%s/%s: could not create %s; retrying in %.0fs", *key, error, delay)
-            except Exception as error:
-                metrics.RECONCILE_ERRORS.inc()
-                if is_transient(error):  # the API server restarting, overloaded: back soon, and so is the job
-                    delay = self.queue.retry(key, priority, self.config.transient_retry_cap)
-                    log.warning("reconcile of %s/%s failed (%s); retrying in %.0fs", *key, _one_line(error), delay)
-                else:
-                    delay = self.queue.retry(key, priority)
-                    log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
-            finally:
-                self.queue.done(key)
+            self.process(key, priority)
+
+    def process(self, key: Key, priority: int) -> None:
+        """One reconcile of a key the queue handed out, and what its outcome means: its backoff, its failures."""
+        try:
+            self.reconcile(key, priority)
+            self.queue.forget(key)
+            self._succeeded(key)
+        except NotLeader as error:
+            self._refused_for_want_of_the_lease(key, priority, error)
+        except Refused as error:  # the job's status and a Warning event say it: no traceback
+            cap = {
+                refusals.NAME_IN_USE: self.config.name_in_use_recheck,
+                refusals.UNAVAILABLE: self.config.transient_retry_cap,
+            }.get(error.refusal.cause)
+            delay = self.queue.retry(key, priority, cap)
+            log.warning("%s/%s: could not create %s; retrying in %.0fs", *key, error, delay)
+        except Exception as error:
+            metrics.RECONCILE_ERRORS.inc()
+            if is_transient(error):  # the API server restarting, overloaded: back soon, and so is the job
+                delay = self.queue.retry(key, priority, self.config.transient_retry_cap)
+                log.warning("reconcile of %s/%s failed (%s); retrying in %.0fs", *key, _one_line(error), delay)
+            else:
+                delay = self.queue.retry(key, priority)
+                log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
+            self._failed(key, error)
+        finally:
+            self.queue.done(key)
+
+    def _failed(self, key: Key, error: Exception) -> None:
+        """One more failed reconcile in a row: past `reconcile_error_after`, the job's status says so."""
+        with self.lock:
+            before = self.failing.get(key)
+            failure = self.failing[key] = Failing((before.attempts if before else 0) + 1, _one_line(error))
+        if failure.attempts >= self.config.reconcile_error_after:
+            self.executor.report_failing(key, failure, self.clock())
+
+    def _succeeded(self, key: Key) -> None:
+        """A reconcile succeeded: a ReconcileError condition its failures left is cleared by the next one."""
+        with self.lock:
+            failed = self.failing.pop(key, None)
+        if failed is not None and _says_failing(self.store.job(key)):
+            self.queue.add(key, NORMAL)
 
     def _refused_for_want_of_the_lease(self, key: Key, priority: int, error: NotLeader) -> None:
         """Keep the decision for when the lease is held again (`leadership`); if it is held already (the election
@@ -292,9 +326,7 @@ class Controller:
         if type_ == "DELETED":
             self.store.remove_job(key, (job.get("metadata") or {}).get("uid", ""))
             self.expectations.forget(key)
-            self.executor.record_phase(key, None)
-            if self.on_job_deleted is not None:
-                self.on_job_deleted(key)
+            self.queue.add(key, NORMAL)  # its farewell, off this loop: Kueue's bookkeeping, its progress and series
             return
         if self.store.put_job(dict(job)):  # the echo of the operator's own status write changes nothing
             self.queue.add(key, NORMAL)
@@ -360,7 +392,9 @@ class Controller:
         if waiting_until is not None:
             self.queue.at(waiting_until, key, NORMAL)  # a lost watch event must not stall the job
             return None
-        seen = self.observer.observe(key, self.executor.sigterm.get(key, {}))
+        with self.lock:
+            failure = self.failing.get(key)
+        seen = self.observer.observe(key, self.executor.sigterm.get(key, {}), failure)
         plan = reconcile.decide(seen, self.config)
         if plan.read_logs:  # a group restart waits on what its first member's log says (core.sigterm)
             seen = self.observer.with_logs(seen, plan.read_logs)
@@ -370,8 +404,13 @@ class Controller:
         return final
 
 
+def _says_failing(job: Mapping[str, Any] | None) -> bool:
+    conditions = ((job or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == RECONCILE_ERROR and c.get("status") == "True" for c in conditions)
+
+
 def _one_line(error: BaseException) -> str:
-    return str(getattr(error, "reason", None) or error).splitlines()[0][:300]
+    return describe(error).splitlines()[0][:300] if str(error) else type(error).__name__
 
 
 def _pod_job(pod: Mapping[str, Any]) -> Key | None:

@@ -7,7 +7,6 @@ has not seen them; created pods go into the cache at once, so their ADDED events
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from typing import Any, Protocol
@@ -16,12 +15,15 @@ from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key, Store, changed_besides_status
 from kubetf.cluster.kube_api import Creation, KubeApi, Refused
 from kubetf.cluster.workqueue import Expectations, WorkQueue
-from kubetf.core import progress, reconcile, refusals
+from kubetf.core import failing, reconcile, refusals
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
+from kubetf.core.failing import Failing
 from kubetf.core.plan import Event, Farewell, Observed, Plan
+from kubetf.core.progress.health import UNHEALTHY
 from kubetf.core.sigterm import Watched
 from kubetf.runtime.positions import QueuePositions
+from kubetf.runtime.progress.gauges import JobSeries
 
 log = logging.getLogger("kubetf.operator")
 
@@ -31,11 +33,11 @@ NORMAL = 1  # a new or changed job, a pod that started, a timer
 
 
 class Progress(Protocol):
-    """The progress endpoint (kubetf.runtime.progress), as the executor's status writes use it."""
+    """The progress held per job (kubetf.runtime.progress.book), as the executor's status writes use it."""
 
-    def unwritten(self, key: Key) -> dict[str, Any] | None: ...
+    def written(self, key: Key, uid: str, version: int) -> None: ...
 
-    def written_with_status(self, key: Key, progress: dict[str, Any]) -> None: ...
+    def forget(self, key: Key) -> None: ...
 
 
 class Executor:
@@ -47,13 +49,14 @@ class Executor:
         expectations: Expectations[Key],
         positions: QueuePositions,
         config: OperatorConfig,
+        progress: Progress,
+        series: JobSeries,
     ) -> None:
         self.kube, self.store, self.queue, self.expectations = kube, store, queue, expectations
-        self.positions, self.config = positions, config
+        self.positions, self.config, self.progress, self.series = positions, config, progress, series
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
-        self.progress: Progress | None = None  # the leader's progress endpoint, when it serves one
 
     def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell) -> Plan | None:
         """Do what `plan` says; returns the final plan (after its creates). Raises what stopped it: an API error
@@ -68,15 +71,18 @@ class Executor:
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
             posted = self._post(job, plan.events, posted)
-            job = self._write_status(key, job, stored, plan.status)
-            stored = plan.status
+            job, stored = self._write_status(key, job, stored, plan.status, plan)
         self._delete(key, plan)
         creation = self._create(key, plan)
         refusal = creation.refusal or trial_refusal
         final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config)
         self._post(job, final.events, posted)
         if final.status != stored:
-            self._write_status(key, job, stored, final.status)
+            self._write_status(key, job, stored, final.status, final)
+        elif final.progress is not None and _without_history(final.progress.progress) == _without_history(
+            stored.get("progress")
+        ):
+            self.progress.written(key, job["metadata"]["uid"], final.progress.version)  # nothing new to write
         self._remember(key, job, original, final)
         self._schedule(key, final)
         if creation.error is not None:
@@ -89,12 +95,33 @@ class Executor:
         return final
 
     def farewell(self, key: Key, plan: Farewell) -> None:
-        """A job that does not run here (any more): forget it, and let Kueue finish its pods' group."""
+        """A job that does not run here (any more): forget it (its progress and series too), and let Kueue finish
+        its pods' group."""
         self.record_phase(key, None)
         self.positions.track(key, None, None)
+        self.progress.forget(key)
         with self.lock:
             self.sigterm.pop(key, None)
         self._for_kueue(key, plan.unretriable, plan.release, plan.delete_workloads)
+        self.store.forget_groups(key)  # a deleted job with nothing left: its groups' names are free again
+
+    def report_failing(self, key: Key, failure: Failing, now: float) -> None:
+        """The job's reconciles keep failing: say so in its status (kubetf.core.failing), with a Warning event. On
+        a best-effort basis: the API server may be what fails."""
+        job = self.store.job(key)
+        if job is None or (job.get("status") or {}).get("phase") is None:
+            return
+        stored = job.get("status") or {}
+        status = dict(stored)
+        warning = failing.mark(status, failure, self.config.reconcile_error_after, now)
+        if status == stored:
+            return
+        try:
+            if warning is not None:
+                self._post(job, [Event("Warning", failing.RECONCILE_ERROR, warning)], 0)
+            self._write_status(key, job, stored, status, None)
+        except Exception as error:
+            log.warning("%s/%s: could not record that its reconciles fail (%s)", *key, error)
 
     def record_phase(self, key: Key, phase: str | None) -> None:
         """Keep the jobs-by-phase gauge current by moving this job between phases (no scan of every job)."""
@@ -119,19 +146,32 @@ class Executor:
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
             if not self.store.still_there(key, name, uid):
                 self.expectations.observe(key, name, uid, gone=True)
-        gone = self.kube.delete_pods(plan.delete, grace_seconds=plan.grace)
-        forced_gone = self.kube.delete_pods(plan.force_delete, grace_seconds=0)
+        deletion = self.kube.delete_pods(plan.delete, grace_seconds=plan.grace)
+        forced = self.kube.delete_pods(plan.force_delete, grace_seconds=0)
+        failed = deletion.failed + forced.failed
+        # A delete that failed shows no event: not waited for (the retry, at most transient_retry_cap later, deletes
+        # it again), as the Job controller lowers its expectations after a failed delete.
+        self.expectations.cancel_deletions(key, [pod["metadata"]["uid"] for pod, _ in failed])
         # A forced pod without finalizers is gone at once: a reconcile that runs before its DELETED event must not
         # find it cached and wait for it (CI run 27: a lost ps was never replaced).
-        gone += forced_gone + [
-            p for p in plan.force_delete if not p["metadata"].get("finalizers") and not any(p is g for g in forced_gone)
-        ]
+        refused = [pod for pod, _ in forced.failed]
+        gone = (
+            deletion.gone
+            + forced.gone
+            + [
+                p
+                for p in plan.force_delete
+                if not p["metadata"].get("finalizers") and not any(p is g for g in [*forced.gone, *refused])
+            ]
+        )
         for pod in gone:  # already gone: their DELETED events, handled or to come, will not bring the job back
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
             self.store.remove_pod(key, name, uid)
             self.expectations.observe(key, name, uid, gone=True)
         if gone:  # this plan took them for present: decide again without them
             self.queue.add(key, URGENT)
+        if failed:
+            raise failed[0][1]  # the job's reconcile is retried with its backoff, the deletes with it
         # The DELETED events of the others bring the job back for the replacements (or, ended, for its Workload).
         self._for_kueue(key, [], plan.release, plan.delete_workloads)
 
@@ -172,30 +212,32 @@ class Executor:
         return len(events)
 
     def _write_status(
-        self, key: Key, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, key: Key, job: dict[str, Any], stored: dict[str, Any], status: dict[str, Any], plan: Plan | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Write `status` as a merge patch against `stored` (a key it lacks is removed); with the plan's held
+        progress (kubetf.core.plan.Plan.progress_along) when it has some not written yet, as a whole value.
+        Returns the job as the API server answered and the status written."""
+        along = plan.progress_along if plan is not None else None
+        if along is not None and _without_history(along) != _without_history(status.get("progress")):
+            status = {**status, "progress": along}
         patch = st.merge_patch(stored, status)
-        # The reports received but maybe not yet written go out with this write: the status that says the job
-        # ended says how far it got (its pods reported before they exited).
-        progress = self.progress.unwritten(key) if self.progress is not None else None
-        if progress is not None:
-            patch["progress"] = progress
         updated = self.kube.patch_job_status(job, patch)
         if updated is None:
-            return job
-        if progress is not None and self.progress is not None:
-            self.progress.written_with_status(key, progress)
+            return job, status
+        held = plan.progress if plan is not None else None
+        if held is not None and status.get("progress") == held.progress:
+            self.progress.written(key, job["metadata"]["uid"], held.version)
         self.store.put_job(updated)  # newer than the watch's copy: its echo is then ignored ...
         if changed_besides_status(job, updated):
             # ... and so are the events of what others changed since this decision's read (a resume right after
             # the suspend it decided, CI run 29): the job is decided again on what the answer carries.
             self.queue.add(key, NORMAL)
-        return updated
+        return updated, status
 
     def _remember(self, key: Key, job: dict[str, Any], original: dict[str, Any], final: Plan) -> None:
         _count_restarts(original, final.status)
         self.record_phase(key, final.status.get("phase"))
-        _training_health_gauge(key, final.status)
+        self.series.health(key, _unhealthy(final.status))
         self.positions.track(key, job, final.queue_place)
         with self.lock:
             if final.sigterm:
@@ -224,13 +266,12 @@ def _count_restarts(original: dict[str, Any], final: dict[str, Any]) -> None:
             metrics.RESTARTS.labels(kind=kind).inc(delta)
 
 
-def _training_health_gauge(key: Key, status: dict[str, Any]) -> None:
-    """kubetf_job_training_unhealthy: 1 for the reason of a True TrainingUnhealthy condition, gone otherwise."""
-    found = next((c for c in status.get("conditions") or [] if c.get("type") == progress.UNHEALTHY), None)
-    unhealthy = found.get("reason") if found and found.get("status") == "True" else None
-    for reason in progress.HEALTH_REASONS:
-        if reason == unhealthy:
-            metrics.JOB_HEALTH.labels(*key, reason).set(1)
-        else:
-            with contextlib.suppress(KeyError):
-                metrics.JOB_HEALTH.remove(*key, reason)
+def _unhealthy(status: dict[str, Any]) -> str | None:
+    """The reason of a True TrainingUnhealthy condition."""
+    found = next((c for c in status.get("conditions") or [] if c.get("type") == UNHEALTHY), None)
+    return found.get("reason") if found and found.get("status") == "True" else None
+
+
+def _without_history(progress: Any) -> Any:
+    """A job's progress but its history: what the cache keeps of it (kubetf.cluster.cache.slim_job)."""
+    return {k: v for k, v in progress.items() if k != "history"} if isinstance(progress, dict) else progress

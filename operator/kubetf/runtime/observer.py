@@ -17,9 +17,11 @@ from kubetf.cluster.kube_api import KubeApi
 from kubetf.core import api, kueue, node_loss
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
+from kubetf.core.failing import Failing
 from kubetf.core.plan import Observed
 from kubetf.core.sigterm import LogRead, Watched
 from kubetf.runtime.positions import QueuePositions
+from kubetf.runtime.progress.book import ProgressBook
 
 log = logging.getLogger("kubetf.operator")
 
@@ -30,23 +32,28 @@ class Observer:
         kube: KubeApi,
         store: Store,
         positions: QueuePositions,
+        book: ProgressBook,
         config: OperatorConfig,
         clock: Callable[[], float],
     ) -> None:
         self.kube, self.store, self.positions, self.config, self.clock = kube, store, positions, config, clock
+        self.book = book
         self.lock = threading.Lock()
         self.node_states: dict[str, tuple[float, float | None]] = {}  # node -> (read at, lost since or None)
         # A LocalQueue the watch has not shown, read from the API: (namespace, name) -> (read at, Kueue installed,
         # its ClusterQueue or None)
         self.local_queue_reads: dict[tuple[str, str], tuple[float, bool, str | None]] = {}
 
-    def observe(self, key: Key, sigterm: Mapping[str, Watched]) -> Observed:
-        job, pods, now = self.store.job(key), self.store.job_pods(key), self.clock()
+    def observe(self, key: Key, sigterm: Mapping[str, Watched], failing: Failing | None = None) -> Observed:
+        job, now = self.store.job(key), self.clock()
+        pods, foreign = st.split_pods(key[1], self.store.job_pods(key))
         ended = job is None or (kueue.managed_here(job) and _stopped(job))
-        workloads = self.store.workloads_of(*key) if ended else []  # what kueue.orphaned reads
+        workloads = self.store.workloads_of(key) if ended else []  # what kueue.orphaned reads
+        held = self.book.held(key, job["metadata"].get("uid", "")) if job is not None else None
         return Observed(
-            job, pods, now, self._lost_nodes(pods, now), self._admission(job, now), sigterm, workloads=workloads
-        )
+            job, pods, now, self._lost_nodes(pods, now), self._admission(job, now), sigterm, workloads=workloads,
+            progress=held, failing=failing, foreign=foreign,
+        )  # fmt: skip
 
     def with_logs(self, seen: Observed, reads: list[LogRead]) -> Observed:
         """`seen` with the logs read (None: unreadable, and said so in the operator's log)."""

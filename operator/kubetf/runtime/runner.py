@@ -16,18 +16,21 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import kopf
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from kubetf.cluster.kube import Kube
+from kubetf.cluster.cache import Key
+from kubetf.cluster.kube import Kube, RateLimiter
 from kubetf.cluster.leader import LeaderElector
 from kubetf.core.config import DEFAULT_LEASE_NAMESPACE, OperatorConfig
+from kubetf.core.progress.identity import AUDIENCE
+from kubetf.core.progress.protocol import MAX_BODY
 from kubetf.runtime import handlers
 from kubetf.runtime.controller import Controller
-from kubetf.runtime.progress import ProgressEndpoint
+from kubetf.runtime.progress.endpoint import ProgressEndpoint
+from kubetf.runtime.server import Answer, Head, Limits, Server
 
 log = logging.getLogger("kubetf.operator")
 
@@ -51,18 +54,17 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
     # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
     logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.verbose else logging.WARNING)
     if metrics_port:
-        start_http_server(metrics_port)
+        _serve_metrics(metrics_port, config)
     elector = None
     if config.leader_election:
         lease_client = Kube(qps=5, burst=10, timeout=(2, config.renew_deadline), instance=config.identity)
         elector = LeaderElector(lease_client, config)
     serving = threading.Event()  # set once the leader's cache is primed and its workers run
-    endpoint = ProgressEndpoint(config)
-    if config.progress_port:  # every replica answers; a standby and a leader still priming its cache say 503
-        endpoint.serve(config.progress_port)
+    endpoint = progress_endpoint(config)
     if liveness_port:
         _serve_health(
             liveness_port,
+            config,
             lambda: elector is None or elector.alive(),
             lambda: _role(elector, serving),
         )
@@ -79,9 +81,9 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
         instance=config.identity, log_timeout=config.log_timeout,
     )  # fmt: skip
     controller = Controller(kube, config)
-    controller.on_job_deleted = endpoint.forget
-    controller.executor.progress = endpoint
-    endpoint.lead(kube, controller.store, lambda: serving.is_set() and (elector is None or elector.is_leader()))
+    endpoint.lead(
+        controller.store, controller.book, lambda: serving.is_set() and (elector is None or elector.is_leader())
+    )
     if elector is not None:
 
         def leadership(held: bool) -> None:
@@ -104,6 +106,33 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
         if elector is not None:
             elector.stop(release=True)
     return 0
+
+
+def progress_endpoint(config: OperatorConfig) -> ProgressEndpoint:
+    """The progress endpoint, on its own API client and budget (never the reconcilers'); with a port, served by
+    every replica at once: a standby and a leader still priming its cache answer 503, and the pod retries."""
+    client = Kube(
+        config.progress_api_qps, config.progress_api_burst, config.api_timeout, instance=config.identity
+    )  # fmt: skip
+
+    def read_progress(key: Key, uid: str) -> dict | None:
+        job = client.get_job(*key)
+        if job is None or job["metadata"].get("uid") != uid:
+            return None
+        progress = (job.get("status") or {}).get("progress")
+        return progress if isinstance(progress, dict) else None
+
+    endpoint = ProgressEndpoint(
+        lambda token: client.review_token(token, AUDIENCE),
+        read_progress,
+        RateLimiter(config.progress_api_qps, config.progress_api_burst),
+    )
+    if config.progress_port:
+        limits = Limits(
+            max_connections=config.http_connections, read_timeout=config.http_read_timeout, max_body=MAX_BODY
+        )
+        Server(config.progress_port, endpoint.admit, endpoint.accept, limits, name="progress").start()
+    return endpoint
 
 
 def kopf_scope(config: OperatorConfig) -> tuple[bool, list[str]]:
@@ -142,18 +171,39 @@ def _wait_for_leadership(elector: LeaderElector) -> bool:
     return True
 
 
-def _serve_health(port: int, healthy: Callable[[], bool], role: Callable[[], str]) -> None:
+def _get(path: str, answer: Callable[[], Answer]) -> Callable[[Head], Answer]:
+    """A port that serves one GET path."""
+
+    def admit(head: Head) -> Answer:
+        if head.target.split("?")[0] != path:
+            return Answer(404, f"GET {path}")
+        if head.method != "GET":
+            return Answer(405, f"GET {path}")
+        return answer()
+
+    return admit
+
+
+def _port_limits(config: OperatorConfig) -> Limits:
+    return Limits(max_connections=config.http_connections, read_timeout=config.http_read_timeout, threads=2)
+
+
+def _serve_metrics(port: int, config: OperatorConfig) -> None:
+    """Prometheus /metrics, on the operator's bounded server (runtime.server), like every port of it."""
+    metrics_answer = _get(
+        "/metrics", lambda: Answer(200, content=generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    )
+    Server(port, metrics_answer, _no_body, _port_limits(config), name="metrics").start()
+
+
+def _serve_health(port: int, config: OperatorConfig, healthy: Callable[[], bool], role: Callable[[], str]) -> None:
     """/healthz: 200 while the election loop runs (a standby is healthy too); the body says which one it is."""
 
-    class Health(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            ok = self.path == "/healthz" and healthy()
-            self.send_response(200 if ok else (500 if self.path == "/healthz" else 404))
-            self.end_headers()
-            self.wfile.write(f"ok {role()}\n".encode() if ok else b"unhealthy\n")
+    def answer() -> Answer:
+        return Answer(200, content=f"ok {role()}\n".encode()) if healthy() else Answer(500, content=b"unhealthy\n")
 
-        def log_message(self, *_: Any) -> None:
-            pass  # a probe every few seconds is not worth a log line
+    Server(port, _get("/healthz", answer), _no_body, _port_limits(config), name="healthz").start()
 
-    server = ThreadingHTTPServer(("0.0.0.0", port), Health)
-    threading.Thread(target=server.serve_forever, name="kubetf-healthz", daemon=True).start()
+
+def _no_body(_ticket: object, _body: bytes) -> Answer:
+    return Answer(400, "this port takes no request body")
