@@ -38,7 +38,7 @@ from pathlib import Path
 from kubernetes import client
 
 from kubetf.core import api
-from kubetf.core import progress as pg
+from kubetf.core.progress.identity import AUDIENCE
 from kubetf.core.status import parse_time
 from tests.bench.common import percentile
 from tests.bench.scale import (
@@ -128,7 +128,7 @@ def token(cluster: Cluster, namespace: str, pod: dict) -> str:
     """What the kubelet mounts in a training pod's projected volume: a token of kubetf's audience bound to it."""
     request = {
         "spec": {
-            "audiences": [pg.AUDIENCE],
+            "audiences": [AUDIENCE],
             "expirationSeconds": 3600,
             "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
                                "uid": pod["metadata"]["uid"]},

@@ -31,7 +31,8 @@ OPERATOR_NAMESPACE = "kubetf-system"
 RELEASE = "kubetf"
 # The chart's defaults but one: progress written every 5 s, not 30, as the tests' jobs train for a minute and their
 # ETA must be seen to fall.
-CHART_VALUES = ("--set", "progress.writeSeconds=5")
+# Progress written every 5 s (several times in a short run); a stall judged after 60 s (a test hangs a program).
+CHART_VALUES = ("--set", "progress.writeSeconds=5", "--set", "progress.stallSeconds=60")
 
 
 def pytest_collection_modifyitems(items):

@@ -60,13 +60,34 @@ for step in range(1, 601):
 """
 
 
+# The program's first run trains a little and crashes; its second resumes from an older checkpoint, reports once
+# and hangs (a collective waiting for a peer that never comes). The crash's exit still sent its last state marked
+# final, as the library does at every exit.
+CRASH_THEN_HANG_PROGRAM = """
+import os, sys, time
+from kubetf_trainer.report import flush, report
+
+if os.environ["ATTEMPT"] == "0":
+    for step in range(1, 11):
+        report(epoch=step // 5, epochs=10, step=10 * step, steps=100, stepsPerSecond=20.0, metrics={"loss": 1 / step})
+        time.sleep(0.5)
+    sys.exit(1)
+report(step=30, steps=100, metrics={"loss": 0.5})
+flush()
+time.sleep(3600)
+"""
+
+
 def program_job(program: str, workers: int = 1) -> dict:
     container = {
         "name": "tensorflow",
         "image": "kubetf/trainer:0.1.0",
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-c", program],
-        "env": [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}],
+        "env": [
+            {"name": "TF_USE_LEGACY_KERAS", "value": "1"},
+            {"name": "ATTEMPT", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['kubetf.io/attempt']"}}},
+        ],
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1536Mi"}},
     }
     return {
@@ -166,3 +187,37 @@ def test_reports_reach_the_status_across_a_leader_change(installed, namespace):
     assert after["step"] > first
     status = cluster.status(namespace, "steps")
     assert (status["phase"], status["restarts"]["total"]) == ("Running", 0), status  # the leader change cost nothing
+
+
+def test_a_coordinator_that_crashed_once_and_then_hangs_is_stalled_and_keeps_no_stale_keys(installed, namespace):
+    # The review's findings: progress was a merge patch of the whole object (a key the program no longer reported
+    # stayed), and the final report every exit sends, a crash's too, switched the stall judge off for good.
+    cluster = installed
+    spec = program_job(CRASH_THEN_HANG_PROGRAM)
+    spec["replicaSpecs"]["worker"]["restartPolicy"] = "OnFailure"
+    spec["runPolicy"] = {"backoffSeconds": 1}
+    cluster.create_job(namespace, "hang", spec)
+
+    def resumed() -> dict | None:
+        status = cluster.status(namespace, "hang")
+        progress = status.get("progress") or {}
+        return status if status.get("restarts", {}).get("failures") == 1 and progress.get("step") == 30 else None
+
+    status = wait_for(resumed, 240, "the resumed run's report written", interval=1)
+    progress = status["progress"]
+    assert "final" not in progress and "epoch" not in progress, progress  # the first run's keys are gone
+    assert progress["summary"] == "30%" and progress["metrics"]["loss"] == 0.5, progress
+    resumed_at = time.monotonic()
+
+    def stalled():
+        status = cluster.status(namespace, "hang")
+        found = [c for c in status.get("conditions") or [] if c["type"] == "TrainingUnhealthy"]
+        return status if found and found[0]["status"] == "True" else None
+
+    status = wait_for(stalled, 180, "TrainingStalled, 60 s after the last report", interval=1)
+    (condition,) = [c for c in status["conditions"] if c["type"] == "TrainingUnhealthy"]
+    print(f"\nTrainingStalled {time.monotonic() - resumed_at:.0f}s after the resumed report was seen: {condition}")
+    assert condition["reason"] == "TrainingStalled" and "still at step 30" in condition["message"], condition
+    assert status["phase"] == "Running"
+    events = cluster.events(namespace, "hang")
+    assert [e["type"] for e in events if e["reason"] == "TrainingStalled"] == ["Warning"], events

@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
+from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.core import kueue
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
 
-from .conftest import mwms_spec, ps_spec, replica
+from .conftest import UNSCHEDULED, mwms_spec, ps_spec, replica
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +208,101 @@ def test_a_job_managed_by_multikueue_is_left_alone(cluster, namespace, kueue_ins
     cluster.create_job(namespace, "local", mwms_spec())
     cluster.wait_phase(namespace, "local", "Pending")  # the operator is at work: the other job it leaves alone
     assert cluster.pods(namespace, "remote") == {} and cluster.status(namespace, "remote") == {}
+
+
+def plain_pod_group(cluster, namespace: str, queue: Queue, group: str) -> dict:
+    """Another team's plain pod group of one pod, in Kueue's own way (no TrainingJob): Kueue's webhook gates it,
+    Kueue makes its Workload `group` and admits it; the test plays the kubelet."""
+    pod = {
+        "metadata": {
+            "name": f"{group}-0",
+            "labels": {kueue.QUEUE_LABEL: queue.local, kueue.GROUP_LABEL: group},
+            "annotations": {kueue.TOTAL_ANNOTATION: "1"},
+        },
+        "spec": {"schedulerName": UNSCHEDULED, "containers": [{"name": "main", "image": "example/finetune:1"}]},
+    }
+    cluster.core.create_namespaced_pod(namespace, pod)
+
+    def ungated():
+        name = pod["metadata"]["name"]
+        found = cluster.raw(cluster.core.read_namespaced_pod(name, namespace, _preload_content=False))
+        return not kueue.is_gated(found) and found
+
+    running = wait_for(ungated, 30, f"the pod group {group} admitted")
+    cluster.run(running)
+    return running
+
+
+def workload_deletions(cluster, namespace: str) -> tuple[list[str], Any]:
+    """The Workloads deleted in the namespace from now on (a watch: a negative check over its whole window)."""
+    deleted: list[str] = []
+    listed = cluster.custom.list_namespaced_custom_object(kueue.GROUP, kueue.VERSION, namespace, "workloads")
+    stream = watch.Watch()
+
+    def record() -> None:
+        for event in stream.stream(
+            cluster.custom.list_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace, "workloads",
+            resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=300,
+        ):  # fmt: skip
+            if event["type"] == "DELETED":
+                deleted.append(event["object"]["metadata"]["name"])
+
+    threading.Thread(target=record, daemon=True).start()
+    return deleted, stream
+
+
+def test_another_teams_pod_group_named_like_the_job_and_its_pod_survive_the_jobs_end(cluster, namespace, queue):
+    # The review's finding: a job `bert` that ended deleted the Workload `bert-finetune` (any `<job>-<8 characters>`
+    # was taken for its own group), and Kueue then took the other team's running pod away.
+    foreign = plain_pod_group(cluster, namespace, queue, "bert-finetune")
+    deleted, stream = workload_deletions(cluster, namespace)
+    try:
+        job = cluster.create_job(namespace, "bert", {"strategy": "MultiWorkerMirrored", "replicaSpecs": {
+            "worker": replica(1)}}, **labelled(queue))  # fmt: skip
+        admitted(cluster, namespace, "bert", 1, "bert admitted", 30)
+        cluster.run_all(namespace, "bert", 1)
+        cluster.wait_phase(namespace, "bert", "Running")
+        cluster.exit(cluster.live_pods(namespace, "bert")["bert-worker-0"], 0)
+        cluster.wait_phase(namespace, "bert", "Succeeded")
+        cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", "bert")
+        own = kueue.group_name(job)
+        wait_for(lambda: not cluster.pods(namespace, "bert"), 30, "bert's pods gone")
+        wait_for(lambda: queue.workload(job) is None, 30, f"bert's own Workload {own} gone")
+        # The job's farewell is done once its pods' DELETED events were handled; a later one would find nothing.
+        survivor = cluster.raw(cluster.core.read_namespaced_pod(foreign["metadata"]["name"], namespace,
+                                                               _preload_content=False))  # fmt: skip
+        kept = cluster.custom.get_namespaced_custom_object(
+            kueue.GROUP, kueue.VERSION, namespace, "workloads", "bert-finetune"
+        )
+    finally:
+        stream.stop()
+        # The other team's pod goes at the end of the test (its own, not the operator's: the test plays that team).
+        name = foreign["metadata"]["name"]
+        cluster.core.patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}})
+        cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    assert "bert-finetune" not in deleted, deleted
+    assert not kept["metadata"].get("deletionTimestamp")
+    assert survivor["metadata"]["uid"] == foreign["metadata"]["uid"]
+    assert not survivor["metadata"].get("deletionTimestamp") and survivor["status"]["phase"] == "Running"
+
+
+def test_two_jobs_whose_names_share_54_characters_keep_their_own_workloads(cluster, namespace, queue):
+    names = ["x" * 54 + "a", "x" * 54 + "b"]  # 55 characters: a group name keeps 54 of them (and 8 of the uid)
+    spec = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(1)}}
+    jobs = {name: cluster.create_job(namespace, name, spec, **labelled(queue)) for name in names}
+    for name in names:
+        admitted(cluster, namespace, name, 1, f"{name} admitted", 30)
+        cluster.run_all(namespace, name, 1)
+        cluster.wait_phase(namespace, name, "Running")
+    kept = queue.workload(jobs[names[1]])
+    deleted, stream = workload_deletions(cluster, namespace)
+    try:
+        cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", names[0])
+        wait_for(lambda: not cluster.pods(namespace, names[0]), 30, "the first job's pods gone")
+        wait_for(lambda: queue.workload(jobs[names[0]]) is None, 30, "the first job's Workload gone")
+    finally:
+        stream.stop()
+    assert kueue.group_name(jobs[names[1]]) not in deleted, deleted
+    assert queue.workload(jobs[names[1]])["metadata"]["uid"] == kept["metadata"]["uid"]
+    assert cluster.status(namespace, names[1])["phase"] == "Running"
+    assert len(cluster.live_pods(namespace, names[1])) == 1

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from kubetf.core import progress as pg
+from kubetf.core.progress.identity import AUDIENCE
+from kubetf.core.progress.protocol import MAX_BODY
 from tests.cluster.fixture import wait_for
 
 from .conftest import mwms_spec
@@ -20,7 +21,7 @@ def running_job(cluster, namespace, name):
     return cluster.live_pods(namespace, name)
 
 
-def token_for(cluster, namespace, pod, audience=pg.AUDIENCE):
+def token_for(cluster, namespace, pod, audience=AUDIENCE):
     """What the kubelet mounts in the pod's projected volume: a token of `audience` bound to the pod."""
     request = {
         "spec": {
@@ -62,11 +63,11 @@ def test_reports_without_a_valid_token_or_too_large_are_refused_and_nothing_is_w
     wrong_audience = token_for(cluster, namespace, chief, audience="https://kubernetes.default.svc")
     assert operator.report(wrong_audience, good)[0] == 401
     unbound = cluster.core.create_namespaced_service_account_token(
-        "default", namespace, {"spec": {"audiences": [pg.AUDIENCE], "expirationSeconds": 600}}
+        "default", namespace, {"spec": {"audiences": [AUDIENCE], "expirationSeconds": 600}}
     ).status.token  # the audience, but no pod: anyone holding the account's token could report for any job
     assert operator.report(unbound, good)[0] == 401
     token = token_for(cluster, namespace, chief)
-    status, body = operator.report(token, b'{"epoch": 1, "metrics": {"loss": "' + b"x" * pg.MAX_BODY + b'"}}')
+    status, body = operator.report(token, b'{"epoch": 1, "metrics": {"loss": "' + b"x" * MAX_BODY + b'"}}')
     assert status == 413 and "at most 16384 bytes" in json.loads(body)["error"]
     status, body = operator.report(token, b'{"epoch": -1}')
     assert status == 400 and json.loads(body)["error"].startswith("epoch")

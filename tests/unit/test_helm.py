@@ -415,6 +415,8 @@ def test_operator_deployment() -> None:
         "http://kubetf-progress.kubetf-system.svc:8090/v1/progress",
         "--progress-write-seconds",
         "30",
+        "--progress-stall-seconds",
+        "600",
     ]
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}

@@ -1,0 +1,216 @@
+"""The progress port against hostile and broken clients, on the real API server and real TokenReviews: each gets its
+4xx within a second, the operator's memory does not grow past 50 MiB, TokenReviews stay within their budget, and a
+job that loses a worker meanwhile has its replacement pods within 5 s. The numbers are printed."""
+
+import base64
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from kubetf.core.progress.identity import AUDIENCE
+from tests.cluster.fixture import wait_for
+
+from .conftest import UNSCHEDULED
+from .test_progress import running_job, token_for
+
+pytestmark = pytest.mark.integration
+
+GIB = 1 << 30
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        lines = status.read().splitlines()
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def answer(sock: socket.socket) -> int:
+    """The HTTP status the server answered on this connection (0: it closed without one)."""
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+
+
+def raw_post(port: int, length: str | None, body: bytes = b"", token: str = "x") -> tuple[int, float]:
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        head = ["POST /v1/progress HTTP/1.1", "Host: kubetf", f"Authorization: Bearer {token}"]
+        if length is not None:
+            head.append(f"Content-Length: {length}")
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        return answer(sock), time.monotonic() - started
+
+
+def stream_after_negative_length(port: int) -> tuple[int, float, int]:
+    """`Content-Length: -1`, then 1 GiB as fast as the socket takes it: (status, seconds to it, bytes sent)."""
+    started = time.monotonic()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"POST /v1/progress HTTP/1.1\r\nHost: kubetf\r\nContent-Length: -1\r\n\r\n")
+    sent = [0]
+    stop = threading.Event()
+
+    def stream() -> None:
+        chunk = os.urandom(1 << 16)
+        try:
+            while sent[0] < GIB and not stop.is_set():
+                sock.sendall(chunk)
+                sent[0] += len(chunk)
+        except OSError:
+            pass  # the server closed: it read at most its head and a moment's linger
+
+    streamer = threading.Thread(target=stream, daemon=True)
+    streamer.start()
+    status = answer(sock)
+    took = time.monotonic() - started
+    stop.set()
+    streamer.join(10)
+    sock.close()
+    return status, took, sent[0]
+
+
+def forged(pod_uid: str) -> str:
+    """A JWT that claims a real pod of ours, signed by no one: only a TokenReview can refuse it."""
+
+    def part(data: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    claims = {"aud": [AUDIENCE], "exp": int(time.time()) + 600, "kubernetes.io": {"pod": {"uid": pod_uid}},
+              "jti": secrets.token_hex(8)}  # fmt: skip
+    return f"{part({'alg': 'RS256'})}.{part(claims)}.{secrets.token_urlsafe(32)}"
+
+
+def post(port: int, token: str, body: bytes = b'{"epoch": 1}') -> int:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/progress", data=body, method="POST", headers={"Authorization": f"Bearer {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goes_on(cluster, namespace, operator):
+    port, pid = operator.progress_port, operator.process.pid
+    victim = running_job(cluster, namespace, "victim")
+    running_job(cluster, namespace, "other")
+    chief_token = token_for(cluster, namespace, victim["victim-chief-0"])
+    assert post(port, chief_token) == 204  # the job's own pod is heard
+    rss_before = rss_mib(pid)
+    reviews_before = operator.metric_total("kubetf_progress_token_reviews_total", exclude={"result": "over budget"})
+    timings: dict[str, float] = {}
+
+    # -- bad lengths: each refused before a byte of its body is read
+    status, took, sent = stream_after_negative_length(port)
+    assert status == 400 and took < 1.0, (status, took)
+    timings[f"Content-Length -1 then 1 GiB (the client got {sent >> 20} MiB out before the close)"] = took
+    for length, expected in ((None, 411), ("abc", 400), ("99999999", 413)):
+        status, took = raw_post(port, length)
+        assert status == expected and took < 1.0, (length, status, took)
+        timings[f"Content-Length {length}"] = took
+
+    # -- the attack, in the background: 500 idle half-open connections, 3,000 random tokens, forged ones
+    idle_answers: list[tuple[int, float]] = []
+    random_answers: list[int] = []
+    forged_answers: list[int] = []
+    stop = threading.Event()
+
+    def idle_connections() -> None:
+        sockets = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(500)]
+        opened = time.monotonic()
+        for sock in sockets:
+            sock.sendall(b"POST /v1/progress HTTP/1.1\r\n")  # half a request, never finished
+        for sock in sockets:
+            idle_answers.append((answer(sock), time.monotonic() - opened))
+            sock.close()
+
+    def random_tokens() -> None:
+        for _ in range(3000):  # as fast as one client can
+            random_answers.append(post(port, secrets.token_urlsafe(600)))
+
+    def forged_tokens() -> None:
+        pod_uid = victim["victim-worker-0"]["metadata"]["uid"]
+        while not stop.is_set() and len(forged_answers) < 2000:
+            forged_answers.append(post(port, forged(pod_uid)))
+
+    attackers = [threading.Thread(target=f, daemon=True) for f in (idle_connections, random_tokens, forged_tokens)]
+    attack_started = time.monotonic()
+    for thread in attackers:
+        thread.start()
+
+    # -- meanwhile a worker of the victim is lost: its group's replacement pods within 5 s
+    wait_for(lambda: len(random_answers) > 200, 30, "the attack under way")
+    before = {p["metadata"]["uid"] for p in cluster.live_pods(namespace, "victim").values()}
+    lost = time.monotonic()
+    cluster.delete_pod(victim["victim-worker-1"])
+    cluster.wait_pods(
+        namespace, "victim", lambda pods: len(pods) == 3 and not {p["metadata"]["uid"] for p in pods.values()} & before,
+        "the group's 3 replacement pods", timeout=30,
+    )  # fmt: skip
+    timings["worker lost -> replacements created (under attack)"] = replaced = time.monotonic() - lost
+
+    for thread in attackers[:2]:
+        thread.join(300)
+    stop.set()
+    attackers[2].join(60)
+    attack_seconds = time.monotonic() - attack_started
+
+    # -- a pod named like one of the job's, not owned by it; a pod of another job of the namespace
+    stranger = {
+        "metadata": {
+            "name": "victim-worker-7",
+            "labels": {
+                "app.kubernetes.io/managed-by": "kubetf",
+                "kubetf.io/job-name": "victim",
+                "kubetf.io/role": "worker",
+                "kubetf.io/index": "7",
+            },
+        },
+        "spec": {"schedulerName": UNSCHEDULED, "containers": [{"name": "tensorflow", "image": "example/x:1"}]},
+    }
+    made = cluster.raw(cluster.core.create_namespaced_pod(namespace, stranger, _preload_content=False))
+    stranger_token = token_for(cluster, namespace, made)
+    status = wait_for(lambda: (s := post(port, stranger_token)) in (401, 403) and s, 10, "the stranger refused")
+    assert status == 403
+    other_pods = cluster.live_pods(namespace, "other")
+    other_token = token_for(cluster, namespace, other_pods["other-chief-0"])
+    assert post(port, other_token, b'{"epoch": 3, "epochs": 4}') == 204
+    wait_for(lambda: (cluster.status(namespace, "other").get("progress") or {}).get("epoch") == 3, 10, "other's own")
+    assert (cluster.status(namespace, "victim").get("progress") or {}).get("epoch") in (None, 1)
+
+    rss_after = rss_mib(pid)
+    reviews = operator.metric_total("kubetf_progress_token_reviews_total", exclude={"result": "over budget"})
+    reviews_made = reviews - reviews_before
+    slow_idle = max(t for _, t in idle_answers)
+    print(
+        f"\nprogress port under attack ({attack_seconds:.1f} s): RSS {rss_before:.0f} -> {rss_after:.0f} MiB; "
+        f"{len(random_answers)} random tokens answered {sorted(set(random_answers))}; {len(forged_answers)} forged "
+        f"tokens answered {sorted(set(forged_answers))}, {reviews_made:.0f} TokenReviews made (budget 50/s, burst "
+        f"100); 500 idle connections answered {sorted({s for s, _ in idle_answers})} within {slow_idle:.2f} s"
+    )
+    for what, seconds in timings.items():
+        print(f"  {what}: {seconds:.3f} s")
+
+    assert set(random_answers) == {401}  # junk costs no TokenReview: refused on what it claims
+    assert set(forged_answers) <= {401, 429} and 429 in forged_answers
+    assert reviews_made <= 100 + 50 * attack_seconds + 5  # the budget: a burst, then its rate
+    assert {s for s, _ in idle_answers} == {408} and slow_idle < 1.0 + 1.0
+    assert rss_after - rss_before < 50, (rss_before, rss_after)
+    assert replaced < 5.0, replaced
