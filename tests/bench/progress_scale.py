@@ -1,7 +1,9 @@
 """Progress reports at scale on kwok's fake nodes: prints numbers, asserts nothing.
 
-    python -m tests.bench.progress_scale [--jobs 2000] [--every 1.0] [--window 60]
+    python -m tests.bench.progress_scale [--jobs 2000] [--every 1.0] [--window 60] [--metrics 2]
+                                         [--stall-seconds 600] [--delete 0]
     make bench-progress ARGS="--jobs 200 --window 30"
+    make bench-progress ARGS="--jobs 10000 --every 5 --window 150 --stall-seconds 60 --metrics 20 --delete 1000"
 
 --jobs jobs of one worker each on kwok's fake nodes (tests/bench/scale.py's pods: Running, no containers), all
 Running. Then two windows of --window seconds on the same operator and the same jobs, side by side:
@@ -14,10 +16,18 @@ Running. Then two windows of --window seconds on the same operator and the same 
 For each window: the operator's CPU (% of one core), RSS, API calls/s and status writes/s (its
 `kubetf_api_requests_total`, the Lease's renewals left out). For the reporting one also: reports answered per
 second by HTTP status, report latency p50/p99, the reporters' own CPU (they share the machine), and at its end how
-old each job's status.progress is (now - lastReportTime: how stale `kubectl get tj` is at that load). The operator
-runs out of cluster as a subprocess, with the defaults of its progress flags (a job written at most every 30 s,
-5 writes/s for all jobs); an installed one is scaled to zero meanwhile. Uses $KUBECONFIG, else brings the local
-cluster up (tests/cluster).
+old each job's status.progress is (now - lastReportTime: how stale `kubectl get tj` is at that load), and how many
+jobs were judged TrainingStalled though every one of them advanced (with --stall-seconds shorter than the time
+between two writes of a job's progress, a judge that read the stored progress would find them all stalled). Each
+report carries --metrics metrics (each a series on /metrics).
+
+3. with --delete N: N of the jobs deleted at once, and kopf's event loop measured meanwhile
+   (`kubetf_event_loop_lag_seconds`, a probe due every 100 ms): how many probes ran more than 50 ms late, and the
+   worst bucket; then whether their series are gone from /metrics.
+
+The operator runs out of cluster as a subprocess, with the defaults of its progress flags (a job written at most
+every 30 s, 5 writes/s for all jobs) but --progress-stall-seconds; an installed one is scaled to zero meanwhile.
+Uses $KUBECONFIG, else brings the local cluster up (tests/cluster).
 """
 
 from __future__ import annotations
@@ -31,11 +41,13 @@ import resource
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
 
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from kubetf.core import api
 from kubetf.core.progress.identity import AUDIENCE
@@ -67,8 +79,8 @@ SPEC = {
 class Reporters:
     """Threads that report each job's progress every `every` seconds with its pod's token, until stopped."""
 
-    def __init__(self, port: int, tokens: dict[str, str], every: float) -> None:
-        self.port, self.every = port, every
+    def __init__(self, port: int, tokens: dict[str, str], every: float, metrics: int) -> None:
+        self.port, self.every, self.metrics = port, every, metrics
         self.jobs = sorted(tokens)
         self.tokens = tokens
         self.lock = threading.Lock()
@@ -100,9 +112,9 @@ class Reporters:
             self.stopping.wait(max(0.0, self.every - (time.monotonic() - round_start)))
 
     def _report(self, job: str, step: int) -> None:
+        metrics = {"loss": 1.0 / (1 + step), **{f"metric_{i}": step / (i + 1) for i in range(self.metrics - 1)}}
         body = json.dumps(
-            {"epoch": step // 100, "epochs": 1000, "step": step, "steps": 100_000,
-             "metrics": {"loss": 1.0 / (1 + step), "accuracy": min(1.0, step / 100_000)}}
+            {"epoch": step // 100, "epochs": 1000, "step": step, "steps": 100_000, "metrics": metrics}
         ).encode()  # fmt: skip
         headers = {"Authorization": f"Bearer {self.tokens[job]}", "Content-Type": "application/json"}
         start = time.monotonic()
@@ -160,12 +172,81 @@ def window(process: Process, seconds: float) -> dict[str, float]:
     }
 
 
+def lag_buckets(process: Process) -> tuple[dict[float, float], float]:
+    """kubetf_event_loop_lag_seconds: cumulative count per bucket bound, and the count."""
+    url = f"http://127.0.0.1:{process.operator.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    buckets: dict[float, float] = {}
+    count = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "kubetf_event_loop_lag_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    buckets[float(sample.labels["le"])] = sample.value
+                elif sample.name.endswith("_count"):
+                    count = sample.value
+    return buckets, count
+
+
+def series_of(process: Process, namespace: str) -> int:
+    """The per-job series on the operator's /metrics of jobs in `namespace`."""
+    url = f"http://127.0.0.1:{process.operator.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    return sum(1 for line in text.splitlines() if line.startswith("kubetf_job_") and f'namespace="{namespace}"' in line)
+
+
+def stalled(cluster: Cluster, namespace: str) -> tuple[int, int]:
+    """(TrainingStalled events in the namespace, jobs whose TrainingUnhealthy condition is True now)."""
+    events = cluster.raw(cluster.core.list_namespaced_event(
+        namespace, field_selector="reason=TrainingStalled", _preload_content=False))["items"]  # fmt: skip
+    jobs = cluster.raw(cluster.custom.list_namespaced_custom_object(
+        "kubetf.io", "v1alpha1", namespace, "trainingjobs", _preload_content=False))["items"]  # fmt: skip
+    unhealthy = sum(
+        1
+        for j in jobs
+        if any(c["type"] == "TrainingUnhealthy" and c["status"] == "True" for c in (j.get("status") or {}).get(
+            "conditions") or [])
+    )  # fmt: skip
+    return len(events), unhealthy
+
+
+def delete_jobs(cluster: Cluster, process: Process, namespace: str, names: list[str]) -> None:
+    """Delete `names` at once; kopf's event-loop lag meanwhile, and whether their series went."""
+    before, count0 = lag_buckets(process)
+    series0 = series_of(process, namespace)
+    start = time.monotonic()
+    parallel(
+        lambda name: cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace,
+                                                                    "trainingjobs", name),
+        names,
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and series_of(process, namespace) > series0 - len(names) * 3:
+        time.sleep(1)
+    took = time.monotonic() - start
+    after, count1 = lag_buckets(process)
+    probes = count1 - count0
+    late = probes - (after.get(0.05, 0) - before.get(0.05, 0))
+    worst = min((le for le in after if after[le] - before.get(le, 0) == probes), default=float("inf"))
+    series1 = series_of(process, namespace)
+    out(
+        f"\ndeleting {len(names)} jobs: their series gone in {took:.0f} s ({series0} -> {series1} series of the "
+        f"namespace); kopf's event loop over that time: {probes:.0f} probes, {late:.0f} of them more than 50 ms late, "
+        f"every one within {worst * 1000:.0f} ms"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000, help="jobs of one worker, Running (default 2000)")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between a job's reports (default 1)")
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured, quiet and reporting (default 60)")
     parser.add_argument("--timeout", type=float, default=1800, help="for the jobs to be Running, seconds")
+    parser.add_argument("--metrics", type=int, default=2, help="metrics in each report (default 2)")
+    parser.add_argument("--stall-seconds", type=float, default=600, help="the operator's --progress-stall-seconds")
+    parser.add_argument("--delete", type=int, default=0, help="then delete this many jobs at once (default 0)")
     args = parser.parse_args()
 
     kube = ensure_cluster()
@@ -181,7 +262,7 @@ def main() -> None:
 
     namespace = f"progress-{uuid.uuid4().hex[:6]}"
     workdir = Path(tempfile.mkdtemp(prefix="kubetf-bench-progress-"))
-    process = Process(kube.kubeconfig, workdir)
+    process = Process(kube.kubeconfig, workdir, flags=("--progress-stall-seconds", str(args.stall_seconds)))
     state = State()
     try:
         process.start()
@@ -203,7 +284,7 @@ def main() -> None:
         parallel(lambda name: tokens.__setitem__(name, token(cluster, namespace, pods[name])), names)
 
         quiet = window(process, args.window)
-        reporters = Reporters(port, tokens, args.every)
+        reporters = Reporters(port, tokens, args.every, args.metrics)
         own0 = resource.getrusage(resource.RUSAGE_SELF)
         reporters.start()
         time.sleep(min(30.0, args.window / 2))  # past the first reports' TokenReviews and first writes
@@ -248,6 +329,14 @@ def main() -> None:
         else:
             out("status.progress: no job's was written")
         out(f"CPU per accepted report: {busy['cpu'] * 10 / max(1, answers.get(204, 0) / seconds):.2f} ms")
+        events, unhealthy = stalled(cluster, namespace)
+        out(
+            f"TrainingStalled with --progress-stall-seconds {args.stall_seconds:g} while every job advanced: "
+            f"{events} events, {unhealthy} jobs TrainingUnhealthy at the end (each job's status.progress is written "
+            f"about every {args.jobs / 5:.0f} s at this load: 5 writes/s for all jobs)"
+        )
+        if args.delete:
+            delete_jobs(cluster, process, namespace, names[: args.delete])
     finally:
         process.stop()
         out(f"operator log: {workdir / 'operator.log'}")

@@ -107,8 +107,10 @@ def peak_rss_mib(pid: int) -> float:
 class Process:
     """The operator under test: Operator with /metrics on, restartable, with its CPU and API counters."""
 
-    def __init__(self, kubeconfig: str, workdir: Path) -> None:
-        self.operator = Operator(kubeconfig, workdir / "operator.log", metrics_port=free_port(), flags=AS_INSTALLED)
+    def __init__(self, kubeconfig: str, workdir: Path, flags: tuple[str, ...] = ()) -> None:
+        self.operator = Operator(
+            kubeconfig, workdir / "operator.log", metrics_port=free_port(), flags=(*AS_INSTALLED, *flags)
+        )
 
     @property
     def pid(self) -> int:
