@@ -45,6 +45,7 @@ class FakeApi:
         # eviction). The watch delivers their changes: `deliver` compares them with what it delivered before.
         self.kueue: dict[str, Any] | None = None
         self.kueue_seen: dict[tuple[str, str], str] = {}  # (kind, name) -> the JSON last delivered
+        self.served: dict[str, set[str]] = {}  # API discovery: group/version -> its resources (absent: not served)
 
     # --------------------------------------------------------------- watch
 
@@ -59,6 +60,7 @@ class FakeApi:
             "pods": controller.pod_event,
             "workloads": controller.workload_event,
             "localqueues": controller.local_queue_event,
+            "podgroups": controller.pod_group_event,
         }
         for resource, type_, obj in events:
             handlers[resource](type_, obj)
@@ -174,6 +176,26 @@ class FakeApi:
         del workloads[name]
         return True
 
+    def delete_object(self, obj: Obj) -> bool:
+        name = obj["metadata"]["name"]
+        self.calls.append(f"delete {obj['kind']} {name}")
+        stored = self.others.get((obj["kind"], name))
+        if stored is None or stored["metadata"].get("uid") != obj["metadata"].get("uid"):
+            return False
+        del self.others[(obj["kind"], name)]
+        if obj["kind"] == "PodGroup":
+            self._emit("podgroups", "DELETED", stored)
+        return True
+
+    def served_resources(self, group_version: str) -> set[str] | None:
+        self.calls.append(f"discover {group_version}")
+        return self.served.get(group_version)
+
+    def pod_group_pages(self, namespace: str, api_version: str) -> Iterator[tuple[list[Obj], int]]:
+        self.calls.append(f"list podgroups {api_version}")
+        groups = [copy.deepcopy(o) for (kind, _), o in self.others.items() if kind == "PodGroup"]
+        yield [g for g in groups if g["apiVersion"] == api_version], next(self.version)
+
     def list_pods(self, namespace: str, job_name: str) -> tuple[list[dict], int]:
         self.calls.append("list pods")
         pods = [copy.deepcopy(p) for p in self.pods.values() if p["metadata"]["labels"][api.LABEL_JOB] == job_name]
@@ -248,8 +270,13 @@ class FakeApi:
             self.calls.append(f"create {obj['kind']}")
             if obj["kind"] != "Pod":
                 if (obj["kind"], name) not in self.others:
-                    self.others[(obj["kind"], name)] = copy.deepcopy(obj)
-                    result.created.append(obj)
+                    stored = copy.deepcopy(obj)
+                    stored["metadata"]["uid"] = f"uid-{next(self.uids)}"
+                    self._bump(stored)
+                    self.others[(obj["kind"], name)] = stored
+                    result.created.append(copy.deepcopy(stored))
+                    if obj["kind"] == "PodGroup":  # the operator watches its PodGroups
+                        self._emit("podgroups", "ADDED", stored)
                 continue
             role = obj["metadata"]["labels"][api.LABEL_ROLE]
             error = self.refuse.get(name)

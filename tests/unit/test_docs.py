@@ -313,7 +313,7 @@ def argument(call: ast.Call, position: int, keyword: str) -> ast.expr | None:
 
 # Where the operator writes a reason: (the function called, the reason's position among its arguments).
 REASON_ARGUMENTS = {"transition": 1, "fail": 0, "set_phase": 2, "set_condition": 2, "Event": 1, "event": 2,
-                    "update": 99}  # fmt: skip
+                    "update": 99, "_Waiting": 0}  # fmt: skip
 # Functions whose appended (reason, message) tuples become a condition (kubetf.core.progress.health).
 APPENDING_FUNCTIONS = {"health"}
 # Functions whose returned (reason, message) tuples become a condition.

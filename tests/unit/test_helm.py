@@ -45,6 +45,16 @@ OPERATOR_PERMISSIONS = {
         for verb in ("get", "list", "watch")
     ),
     ("kueue.x-k8s.io", "workloads", "delete"),  # an ended job's, once no pod owns it (kubetf.core.kueue.orphaned)
+    # A gang's PodGroups (and Kubernetes' Workload): made, watched, an older generation's deleted (kubetf.core.gang)
+    *(
+        (group, resource, verb)
+        for group, resource in (
+            ("scheduling.k8s.io", "podgroups"),
+            ("scheduling.k8s.io", "workloads"),
+            ("scheduling.volcano.sh", "podgroups"),
+        )
+        for verb in ("get", "list", "watch", "create", "delete")
+    ),
     ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
 }
 CLUSTER_QUEUES = {("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads", "get")}  # cluster-wide only

@@ -251,6 +251,7 @@ def test_defaults_come_from_the_crd():
         "nodeLossTimeoutSeconds": 30,
         "forceDeleteOnNodeLoss": True,
         "evaluatorGraceSeconds": 120,
+        "schedulingPolicy": {"gangScheduler": "Auto", "onScheduleTimeout": "Fail"},
     }
 
 

@@ -93,6 +93,14 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 - apiGroups: [visibility.kueue.x-k8s.io]
   resources: [localqueues/pendingworkloads]
   verbs: [get]
+# Gang scheduling without Kueue (docs/gang-scheduling.md): a job's PodGroups (and, Kubernetes', its Workload), made
+# before its pods, watched for what the scheduler says, an older generation's deleted once no pod uses it.
+- apiGroups: [scheduling.k8s.io]
+  resources: [podgroups, workloads]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [scheduling.volcano.sh]
+  resources: [podgroups]
+  verbs: [get, list, watch, create, delete]
 # Events on TrainingJobs, from the operator and from kopf.
 - apiGroups: ["", events.k8s.io]
   resources: [events]

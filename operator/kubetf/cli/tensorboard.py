@@ -178,9 +178,7 @@ class _OpenForwards:
                 forward.close()
 
 
-def _forward(
-    kube: Kube, namespace: str, pod_name: str, connection: socket.socket, forwards: _OpenForwards
-) -> None:
+def _forward(kube: Kube, namespace: str, pod_name: str, connection: socket.socket, forwards: _OpenForwards) -> None:
     """One local connection, relayed to the pod's port through its own port-forward stream, on an API client of its
     own: the client's stream functions swap its request method for a websocket one while they run, and a call made
     meanwhile on the shared client (the pod's deletion at Ctrl-C) went through it and failed."""

@@ -123,6 +123,27 @@ def slim_workload(workload: Mapping[str, Any]) -> Obj:
 WORKLOAD_CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Requeued", "Finished", "PodsReady")
 
 
+def slim_pod_group(group: Mapping[str, Any]) -> Obj:
+    """What kubetf.core.gang reads of a gang's PodGroup (either scheduler's): identity, its owner, what the scheduler
+    wrote on it."""
+    meta = group.get("metadata") or {}
+    kept = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+    slim_meta: Obj = {k: meta[k] for k in kept if k in meta}
+    owners = [
+        {"uid": o.get("uid"), "controller": True} for o in meta.get("ownerReferences") or [] if o.get("controller")
+    ]
+    if owners:
+        slim_meta["ownerReferences"] = owners[:1]
+    status = group.get("status") or {}
+    conditions = [
+        {k: c[k] for k in ("type", "status", "reason", "message") if k in c} for c in status.get("conditions") or []
+    ]
+    slim_status: Obj = {"conditions": conditions}
+    if "phase" in status:  # Volcano's
+        slim_status["phase"] = status["phase"]
+    return {"apiVersion": group.get("apiVersion"), "kind": "PodGroup", "metadata": slim_meta, "status": slim_status}
+
+
 def pod_signature(pod: Obj) -> tuple[Any, ...]:
     """What the decisions read of a pod: an event that leaves it unchanged needs no reconcile."""
     status = pod.get("status") or {}
@@ -166,6 +187,8 @@ class Store:
         self.groups: dict[Key, Key] = {}  # (namespace, group) -> job
         self.job_groups: dict[Key, set[Key]] = {}  # job -> {(namespace, group)}
         self.job_queues: dict[Key, Key] = {}  # job -> (namespace, LocalQueue)
+        # The jobs' gang PodGroups (kubetf.core.gang), by job and name: (resourceVersion, slim JSON).
+        self.pod_groups: dict[Key, dict[str, tuple[int, str]]] = {}
 
     def _bury(self, uid: str) -> None:
         now = time.monotonic()
@@ -403,6 +426,65 @@ class Store:
         with self.lock:
             entries = [e for group in self.job_groups.get(key, ()) if (e := self.workloads.get(group)) is not None]
         return [json.loads(encoded) for _, encoded in entries]
+
+    # ------------------------------------------------------------------ gangs (kubetf.core.gang)
+
+    def put_pod_group(self, group: Mapping[str, Any]) -> Key | None:
+        """Store a gang's PodGroup under its job (its job label); the job when what the decisions read changed."""
+        meta = group.get("metadata") or {}
+        job_name = (meta.get("labels") or {}).get(api.LABEL_JOB)
+        if not job_name:
+            return None
+        key = (meta.get("namespace") or "", job_name)
+        slim = slim_pod_group(group)
+        version = resource_version(slim)
+        slim["metadata"].pop("resourceVersion", None)
+        encoded = _encode(slim)
+        with self.lock:
+            groups = self.pod_groups.setdefault(key, {})
+            current = groups.get(meta.get("name") or "")
+            if self._buried(group) or (current is not None and version and current[0] >= version):
+                return None
+            groups[meta.get("name") or ""] = (version, encoded)
+        return key if current is None or current[1] != encoded else None
+
+    def remove_pod_group(self, group: Mapping[str, Any]) -> Key | None:
+        meta = group.get("metadata") or {}
+        key = (meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or "")
+        with self.lock:
+            self._bury(meta.get("uid") or "")
+            groups = self.pod_groups.get(key)
+            if groups is None or groups.pop(meta.get("name") or "", None) is None:
+                return None
+            if not groups:
+                del self.pod_groups[key]
+        return key
+
+    def pod_groups_of(self, key: Key) -> list[Obj]:
+        with self.lock:
+            entries = list((self.pod_groups.get(key) or {}).values())
+        return [json.loads(encoded) for _, encoded in entries]
+
+    def prune_pod_groups(
+        self, namespace: str, api_version: str, listed: set[tuple[Key, str]], version: int
+    ) -> list[Key]:
+        """Drop the PodGroups of `api_version` in `namespace` ("": all) missing from a list taken at `version`."""
+        changed = []
+        with self.lock:
+            for key, groups in list(self.pod_groups.items()):
+                if namespace and key[0] != namespace:
+                    continue
+                for name, (stored, encoded) in list(groups.items()):
+                    if (
+                        (key, name) not in listed
+                        and stored <= version
+                        and json.loads(encoded)["apiVersion"] == api_version
+                    ):
+                        del groups[name]
+                        changed.append(key)
+                if not groups:
+                    del self.pod_groups[key]
+        return changed
 
     def workload(self, namespace: str, name: str) -> Obj | None:
         with self.lock:

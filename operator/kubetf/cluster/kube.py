@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kubetf.cluster import metrics
 from kubetf.cluster.kube_api import Creation, Deletion, LogUnreadable, NotLeader, NotServed, Refused
-from kubetf.core import api, kueue
+from kubetf.core import api, gang, kueue
 from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 
 log = logging.getLogger("kubetf.cluster.kube")
@@ -33,6 +33,12 @@ Obj = dict[str, Any]
 # Every write is the leader's alone but these: the election's own Lease, and the progress endpoint's TokenReviews
 # (a question to the API server, not a change).
 UNGUARDED_RESOURCES = {"leases", "tokenreviews"}
+# The custom kinds a job owns besides its pods, Service and PVC: a gang's objects (kubetf.core.gang).
+CUSTOM_PLURALS = {
+    (gang.NATIVE_GROUP, "PodGroup"): "podgroups",
+    (gang.NATIVE_GROUP, "Workload"): "workloads",
+    (gang.VOLCANO_GROUP, "PodGroup"): "podgroups",
+}
 READS = ("get", "list", "watch")
 PAGE_SIZE = 500
 
@@ -253,19 +259,28 @@ class Kube:
             return self.custom.list_namespaced_custom_object, (group, version, namespace, resource)
         return self.custom.list_cluster_custom_object, (group, version, resource)
 
-    def _creator(self, kind: str) -> Any:
-        return {
+    def _create_call(self, obj: Obj, **kwargs: Any) -> Any:
+        """Create (or with dry_run="All", try) a job's object: a Pod, Service, PVC, or a gang's PodGroup or Workload."""
+        kind, namespace = obj["kind"], obj["metadata"]["namespace"]
+        core = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
-        }[kind]
+        }.get(kind)
+        if core is not None:
+            return self._call("create", kind.lower(), core, namespace, obj, **kwargs)
+        group, version = obj["apiVersion"].split("/")
+        plural = CUSTOM_PLURALS[(group, kind)]
+        return self._call(
+            "create", plural, self.custom.create_namespaced_custom_object, group, version, namespace, plural, obj,
+            **kwargs,
+        )  # fmt: skip
 
     def create(self, obj: Obj) -> Obj | None:
-        """Create a Pod, Service or PVC. Returns the object, or None when one of that name already exists.
+        """Create one of a job's objects. Returns the object, or None when one of that name already exists.
         Raises `Refused` when the API server refuses the object itself (invalid, denied by quota or admission)."""
-        kind, namespace = obj["kind"], obj["metadata"]["namespace"]
         try:
-            created: Obj = self._call("create", kind.lower(), self._creator(kind), namespace, obj)
+            created: Obj = self._create_call(obj)
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             if isinstance(error, ApiException) and (error.status == 409 or _namespace_terminating(error)):
                 return None  # the namespace going away takes the job with it
@@ -283,9 +298,9 @@ class Kube:
         return min(found, key=lambda r: order.index(r.cause)) if found else None
 
     def _dry_run(self, obj: Obj, owner_uid: str) -> Refusal | None:
-        kind, meta = obj["kind"], obj["metadata"]
+        kind = obj["kind"]
         try:
-            self._call("create", kind.lower(), self._creator(kind), meta["namespace"], obj, dry_run="All")
+            self._create_call(obj, dry_run="All")
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             if isinstance(error, ApiException) and _namespace_terminating(error):
                 return None
@@ -300,13 +315,20 @@ class Kube:
         return None
 
     def _name_in_use(self, obj: Obj, owner_uid: str) -> Refusal | None:
-        """The Service or PVC of that name, unless it is this job's to use: one owned by this job, or a retained
+        """The object of that name, unless it is this job's to use: one owned by this job, or a retained
         checkpoint PVC (no owner on purpose: a job re-created under its name resumes from it), not being deleted.
         Anything else (a previous job's, being garbage-collected) the job waits for to go."""
         kind, name, namespace = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
         core = self.core
-        read = core.read_namespaced_service if kind == "Service" else core.read_namespaced_persistent_volume_claim
-        existing = self._get(kind.lower(), read, name, namespace)
+        if kind in ("Service", "PersistentVolumeClaim"):
+            read = core.read_namespaced_service if kind == "Service" else core.read_namespaced_persistent_volume_claim
+            existing = self._get(kind.lower(), read, name, namespace)
+        else:
+            group, version = obj["apiVersion"].split("/")
+            plural = CUSTOM_PLURALS[(group, kind)]
+            existing = self._get(
+                plural, self.custom.get_namespaced_custom_object, group, version, namespace, plural, name
+            )
         if existing is None:
             return None  # gone meanwhile: the create makes it
         meta = existing["metadata"]
@@ -385,6 +407,28 @@ class Kube:
         """Tell Kueue these pods will not be replaced: their group's Workload finishes once none runs."""
         patch = {"metadata": {"annotations": {kueue.RETRIABLE_ANNOTATION: "false"}}}
         list(self.pool.map(lambda pod: self._patch_pod(pod, patch), pods))
+
+    def delete_object(self, obj: Obj) -> bool:
+        """Delete one of a job's custom objects (a gang's PodGroup), that incarnation only. False when not there."""
+        meta = obj["metadata"]
+        group, version = obj["apiVersion"].split("/")
+        plural = CUSTOM_PLURALS[(group, obj["kind"])]
+        body = {"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"}
+        return self._delete_custom(group, version, meta["namespace"], plural, meta["name"], body)
+
+    def served_resources(self, group_version: str) -> set[str] | None:
+        """The resources the API server serves in `group_version` (API discovery); None when it serves no such
+        group version."""
+        try:
+            found = self._call(
+                "get", "discovery", self.api_client.call_api, f"/apis/{group_version}", "GET",
+                auth_settings=["BearerToken"], _return_http_data_only=True,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return {r.get("name") for r in (found or {}).get("resources") or [] if r.get("name")}
 
     def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
         """Delete a Kueue Workload, that incarnation only. False when not there."""
@@ -487,6 +531,15 @@ class Kube:
     def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
         """Kueue's LocalQueues (namespace "": all), page by page; none where Kueue is not installed or not readable."""
         return self._kueue_pages("localqueues", namespace)
+
+    def pod_group_pages(self, namespace: str, api_version: str) -> Iterator[tuple[list[Obj], int]]:
+        """The operator's gang PodGroups of one scheduler's API (namespace "": all), page by page; none where the
+        cluster does not serve it."""
+        try:
+            yield from self.pages("podgroups", namespace, f"{api.LABEL_MANAGED_BY}={api.MANAGER}", api_version)
+        except ApiException as error:
+            if error.status not in (403, 404):
+                raise
 
     def _kueue_pages(self, resource: str, namespace: str) -> Iterator[tuple[list[Obj], int]]:
         try:

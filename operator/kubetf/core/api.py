@@ -156,6 +156,28 @@ def cpu_quantity(value: Any) -> float:
     return number / 1000 if match.group(2) else number
 
 
+_SUFFIXES = {
+    "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+}  # fmt: skip
+
+
+def quantity(value: Any) -> float:
+    """Any Kubernetes resource quantity ("500m", "4Gi", "1e3", 2) in its base unit."""
+    text = str(value).strip()
+    match = re.fullmatch(r"([+-]?[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a resource quantity (examples: 500m, 2, 4Gi)")
+    return float(match.group(1)) * _SUFFIXES[match.group(2) or ""]
+
+
+def format_quantity(name: str, value: float) -> str:
+    """A quantity in its base unit, written back: CPU in millicores when fractional, the rest whole."""
+    if name == "cpu" and value != int(value):
+        return f"{math.ceil(value * 1000)}m"
+    return str(math.ceil(value))
+
+
 def cpu_threads(cpu_limit: Any) -> int:
     return max(1, math.ceil(cpu_quantity(cpu_limit)))
 

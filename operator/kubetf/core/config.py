@@ -62,6 +62,8 @@ class OperatorConfig:
     name_in_use_recheck: float = 10.0
     # A LocalQueue the watch has not shown is read from the API; its absence (or Kueue's) serves this long.
     local_queue_recheck: float = 5.0
+    # Which gang schedulers' APIs the cluster serves (API discovery) is read again after this long.
+    discovery_seconds: float = 30.0
     # Kueue's visibility API not answering: asked again after this long.
     positions_unavailable_recheck: float = 600.0
     # Nodes: a node's Ready state read from the API serves every job with pods there this long; while a pod is

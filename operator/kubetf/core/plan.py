@@ -14,6 +14,7 @@ from typing import Any
 
 from kubetf.core.api import Job
 from kubetf.core.failing import Failing
+from kubetf.core.gang import Served
 from kubetf.core.kueue import Admission, managed_here
 from kubetf.core.progress.merge import Held
 from kubetf.core.sigterm import LogRead, Watched
@@ -43,6 +44,9 @@ class Observed:
     # Pods that carry the job's labels but are not a TrainingJob's of its name (status.split_pods): never touched;
     # one that holds a task's pod name keeps that task waiting.
     foreign: list[Pod] = field(default_factory=list)
+    # Gang scheduling (kubetf.core.gang): the schedulers' APIs the cluster serves, and the job's PodGroups.
+    served: Served = field(default_factory=Served)
+    pod_groups: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class Plan:
     progress: Held | None = None
     progress_along: dict[str, Any] | None = None
     names_taken: list[tuple[str, Pod]] = field(default_factory=list)  # tasks' pod names another's pod holds
+    gang_waiting: tuple[str, str] | None = None  # (reason, message) while the job's gang waits to be placed
+    delete_objects: list[dict[str, Any]] = field(default_factory=list)  # the job's PodGroups no pod uses any more
 
     def wake_at(self, when: float | None) -> None:
         if when is not None and (self.requeue_at is None or when < self.requeue_at):

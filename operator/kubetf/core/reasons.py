@@ -204,6 +204,28 @@ OPERATOR: dict[str, Reason] = {
         "A job that was `LossNotFinite` or `TrainingStalled` advances again with a finite loss.",
         "Nothing.",
     ),
+    "GangWaiting": Reason(
+        "condition (Pending or Restarting), Normal event",
+        "The job's training tasks wait to be placed together (gang scheduling by Kubernetes' own Workload API or by "
+        "Volcano): none of them holds a node's resources until `minAvailable` of them fit at once. The message has "
+        "the PodGroup, since when it waits and the scheduler's own words.",
+        "Wait, or make room (the message says what does not fit); `scheduleTimeoutSeconds` bounds the wait "
+        "(docs/gang-scheduling.md).",
+    ),
+    "GangScheduleTimeout": Reason(
+        "condition (Failed, or Pending with `onScheduleTimeout: Wait`), Warning event",
+        "The job's gang was not placed within `runPolicy.schedulingPolicy.scheduleTimeoutSeconds` of the moment its "
+        "pods could start (time queued by Kueue or suspended does not count).",
+        "Make room for the whole gang, lower `minAvailable`, or raise the timeout; `onScheduleTimeout: Wait` keeps "
+        "the job waiting instead of failing it.",
+    ),
+    "GangSchedulerUnavailable": Reason(
+        "condition (Failed), Warning event",
+        "The job asks for a gang scheduler the cluster does not have (`runPolicy.schedulingPolicy.gangScheduler`): "
+        "Volcano not installed, Kubernetes' Workload API not served (1.37 with the GenericWorkload gate), or Kueue "
+        "for a job without a queue label. Nothing was created.",
+        "Use `gangScheduler: Auto` (the best the cluster has), or install what it names, then create the job again.",
+    ),
     "PodNameInUse": Reason(
         WARNING_WAIT,
         "A pod with the name of one of the job's pods exists and is not the job's (its controller reference names "

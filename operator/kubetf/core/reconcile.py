@@ -12,7 +12,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from kubetf.core import api, builders, failing, kueue, node_loss, policy, refusals, sigterm, timers
+from kubetf.core import api, builders, failing, gang, kueue, node_loss, policy, refusals, sigterm, timers
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.config import OperatorConfig
@@ -38,6 +38,8 @@ class _Decision:
     config: OperatorConfig
     create: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     announce: bool = True  # False: the status follows what was created; its events were decided already
+    gang: str | None = None  # the job's gang scheduler (kubetf.core.gang), None: none
+    gang_objects: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # to create before its pods
 
     def transition(self, phase: str, reason: str, message: str, event_type: str = "Normal") -> None:
         before = st.current_condition(self.status)
@@ -76,7 +78,7 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
     if seen.failing is None:  # its failures' condition, cleared (it is set where they happen: runtime.controller)
         failing.mark(status, None, config.reconcile_error_after, seen.now)
     _deletions(result, seen, stale, config)
-    _creations(result, decision.create, config)
+    _creations(result, decision.create, config, decision.gang_objects)
     return result
 
 
@@ -120,6 +122,10 @@ def _decide(d: _Decision, seen: Observed) -> list[Pod]:
     if problems:
         d.fail("InvalidSpec", "; ".join(str(p) for p in problems), seen.pods)
         return []
+    d.gang, refused = _gang_scheduler(d, seen)
+    if refused:
+        d.fail("GangSchedulerUnavailable", refused, seen.pods)
+        return []
     if api.run_policy(d.job).get("suspend"):
         _suspend(d, seen.pods)
         return []
@@ -157,8 +163,16 @@ def _live(d: _Decision, seen: Observed) -> list[Pod]:
         result.persist_first = True
     taken = _replace(d, views, seen, phase)
     timers.account_job(status, views, result.admission, d.now)
+    waiting = _gang_wait(d, seen, views)
+    if waiting is not None and waiting.timed_out and gang.policy(job).get("onScheduleTimeout") == "Fail":
+        result.delete += [p for v in views.values() for p in v.stale if not st.is_deleting(p)]
+        d.fail("GangScheduleTimeout", waiting.message, pods)
+        return []
     result.wake_at(timers.warnings_due(views, status, d.now, d.patience))
-    failure, due = timers.startup_timeout(job, views, status, result.admission, d.now)
+    placed_at = st.parse_time((status.get("gang") or {}).get("placedAt"))
+    failure, due = timers.startup_timeout(
+        job, views, status, result.admission, d.now, gang_waiting=waiting is not None, not_before=placed_at
+    )
     result.wake_at(due)
     if failure is None and d.create:
         failure, due = refusals.create_timeout(job, status, d.now)
@@ -169,9 +183,83 @@ def _live(d: _Decision, seen: Observed) -> list[Pod]:
         d.fail("StartupTimeout", failure, pods)
         return []
     result.names_taken = taken
+    result.gang_waiting = (waiting.reason, waiting.message) if waiting is not None else None
     _derive_phase(d, views, phase)
     result.wake_at(timers.deadline(job, status))
     return stale
+
+
+def _gang_scheduler(d: _Decision, seen: Observed) -> tuple[str | None, str | None]:
+    """The job's gang scheduler, chosen once and kept in status.gang for the job's life (the cluster's APIs may come
+    and go; a job never changes how its pods are placed); and why the one it asks for cannot be had."""
+    chosen = (d.status.get("gang") or {}).get("scheduler")
+    if chosen:
+        return (None if chosen == "None" else chosen), None
+    if d.status.get("startTime"):  # started before the operator placed gangs (an upgrade): as it started
+        d.status["gang"] = {"scheduler": "None"}
+        return None, None
+    found, refused = gang.scheduler(d.job, seen.served)
+    if refused is None:
+        d.status["gang"] = {"scheduler": found or "None"}
+    return found, refused
+
+
+@dataclasses.dataclass(frozen=True)
+class _Waiting:
+    reason: str  # GangWaiting, or GangScheduleTimeout past the schedule timeout
+    message: str
+    timed_out: bool
+
+
+def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Waiting | None:
+    """Keep status.gang current (its PodGroup, since when it waits, when it was placed) and say whether the gang
+    waits to be placed, why (the scheduler's own words) and whether past its schedule timeout. Only time the job may
+    run counts: not Kueue's queue, not a suspension."""
+    job, status, now = d.job, d.status, d.now
+    record = dict(status.get("gang") or {})
+    if d.gang not in (gang.KUBERNETES, gang.VOLCANO):
+        return None
+    name = gang.group_name(job, gang.generation(job, status))
+    if record.get("podGroup") != name:  # a new generation: a new gang to place
+        record = {"scheduler": d.gang, "podGroup": name}
+    d.plan.delete_objects = gang.stale_groups(job, seen.pod_groups, seen.pods, name)
+    if not any(g.get("metadata", {}).get("name") == name for g in seen.pod_groups):
+        d.gang_objects = gang.desired_objects(job, d.gang, status) if d.create else []
+    training = [v for v in views.values() if v.role in api.TRAINING_ROLES and v.state != COMPLETED]
+    active = status.get("activeSince") is not None and not any(
+        kueue.is_gated(v.pod) for v in training if v.pod is not None
+    )
+    if gang.placed(job, views):
+        record.pop("waitingSince", None)
+        record.setdefault("placedAt", st.format_time(now))
+        status["gang"] = record
+        return None
+    record.pop("placedAt", None)
+    if not active or not any(v.pod is not None for v in training):
+        record.pop("waitingSince", None)
+        status["gang"] = record
+        return None
+    record.setdefault("waitingSince", st.format_time(now))
+    status["gang"] = record
+    since = st.parse_time(record["waitingSince"]) or now
+    unbound = [v for v in training if not (v.pod is not None and (v.pod.get("spec") or {}).get("nodeName"))]
+    pending = next((why for v in unbound if v.pod is not None and (why := st.pending_reason(v.pod))), None)
+    words = gang.scheduler_words(seen.pod_groups, name) or pending
+    message = (
+        f"waiting for {gang.min_available(job)} training pods to be placed together by {d.gang} (PodGroup {name}) "
+        f"since {record['waitingSince']}: {len(unbound)} not placed yet"
+        + (f"; the scheduler: {words}" if words else "")
+    )
+    timeout = gang.policy(job).get("scheduleTimeoutSeconds")
+    if timeout and now >= since + timeout:
+        if gang.policy(job).get("onScheduleTimeout") == "Fail":
+            return _Waiting(
+                "GangScheduleTimeout", f"not placed within scheduleTimeoutSeconds={timeout}: {message}", True
+            )
+        return _Waiting("GangScheduleTimeout", f"past scheduleTimeoutSeconds={timeout}, waiting on: {message}", True)
+    if timeout:
+        d.plan.wake_at(since + timeout)
+    return _Waiting("GangWaiting", message, False)
 
 
 def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: str | None) -> list[tuple[str, Pod]]:
@@ -198,7 +286,8 @@ def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: st
         if restart_after is not None and d.now < restart_after:
             d.plan.wake_at(restart_after)
             continue
-        d.create.append(builders.desired_pod(job, view.role, view.index, view.attempt, d.config.progress_url))
+        where = gang.placement(job, d.gang, status, view.role)
+        d.create.append(builders.desired_pod(job, view.role, view.index, view.attempt, d.config.progress_url, where))
     if restart_after is not None and d.now >= restart_after:
         status.pop("restartAfter", None)
     admission = d.plan.admission
@@ -229,17 +318,20 @@ def _deletions(result: Plan, seen: Observed, stale: list[Pod], config: OperatorC
     result.delete_workloads = kueue.orphaned(seen.workloads, seen.pods) if ending else []
 
 
-def _creations(result: Plan, pods: list[dict[str, Any]], config: OperatorConfig) -> None:
-    """The PVC first, so the scheduler never reports a missing claim for a pod just created; the Service with the
-    pods' first batch; batches that double (the Job controller's slow start), at most `creates_per_reconcile`
-    pods a turn, so a 1,000-worker job does not hold a worker while other jobs wait."""
+def _creations(
+    result: Plan, pods: list[dict[str, Any]], config: OperatorConfig, gang_objects: list[dict[str, Any]]
+) -> None:
+    """The PVC and the gang's objects first, so the scheduler never sees a pod without its claim or its PodGroup;
+    the Service with the pods' first batch; batches that double (the Job controller's slow start), at most
+    `creates_per_reconcile` pods a turn, so a 1,000-worker job does not hold a worker while other jobs wait."""
     if not pods:
         return
     now_, result.more_to_create = pods[: config.creates_per_reconcile], len(pods) > config.creates_per_reconcile
     claim, service = builders.desired_pvc(result.job), builders.desired_service(result.job)
     objects = [service, *now_] if service is not None else now_
     start, size = 0, config.first_batch + (service is not None)
-    result.batches = [[claim]] if claim is not None else []
+    first = ([claim] if claim is not None else []) + gang_objects
+    result.batches = [first] if first else []
     while start < len(objects):
         result.batches.append(objects[start : start + size])
         start, size = start + size, size * 2
@@ -413,6 +505,8 @@ def _derive_phase(d: _Decision, views: dict[str, TaskView], previous: str | None
     reason, message = st.waiting_message(views, api.name(job), d.now, started, d.patience)
     if d.plan.names_taken:
         reason, message = "PodNameInUse", _name_taken_message(d.plan.names_taken)
+    elif d.plan.gang_waiting is not None:
+        reason, message = d.plan.gang_waiting
     event_type = "Normal" if reason in EXPECTED_WAITS else "Warning"
     if any(status.get(wait) for wait in refusals.WAITS):
         return  # a refused create's condition stays until the creates go through (`after_creates`)

@@ -91,9 +91,12 @@ def deadline(job: Job, status: dict[str, Any]) -> float | None:
     return since + seconds - float(status.get("activeSeconds") or 0)
 
 
-def startup_due(job: Job, pod: Pod, status: dict[str, Any], admission: kueue.Admission | None) -> float | None:
+def startup_due(
+    job: Job, pod: Pod, status: dict[str, Any], admission: kueue.Admission | None, not_before: float | None = None
+) -> float | None:
     """When `pod`, not started yet, exceeds startupTimeoutSeconds; None when nothing counts for it: no timeout, the
-    job is not active, or the pod waits for Kueue's admission."""
+    job is not active, or the pod waits for Kueue's admission. `not_before`: when its gang was placed (the wait
+    before that is the schedule timeout's, kubetf.core.gang)."""
     timeout = api.run_policy(job).get("startupTimeoutSeconds")
     active_since = st.parse_time(status.get("activeSince"))
     if not timeout or active_since is None:
@@ -103,7 +106,7 @@ def startup_due(job: Job, pod: Pod, status: dict[str, Any], admission: kueue.Adm
     created = st.parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     if created is None:
         return None
-    return max(created, active_since) + timeout
+    return max(created, active_since, not_before or created) + timeout
 
 
 def ttl_due(job: Job, status: dict[str, Any]) -> float | None:
@@ -131,16 +134,26 @@ def deadline_exceeded(job: Job, status: dict[str, Any], now: float) -> str | Non
 
 
 def startup_timeout(
-    job: Job, views: dict[str, TaskView], status: dict[str, Any], admission: kueue.Admission | None, now: float
+    job: Job,
+    views: dict[str, TaskView],
+    status: dict[str, Any],
+    admission: kueue.Admission | None,
+    now: float,
+    gang_waiting: bool = False,
+    not_before: float | None = None,
 ) -> tuple[str | None, float | None]:
     """A pod that could not start within startupTimeoutSeconds of the moment it may: the failure's message, else
-    when the next pod's time runs out."""
+    when the next pod's time runs out. While the job's gang waits to be placed (`gang_waiting`), its training pods
+    are the schedule timeout's; once it is placed they count from then (`not_before`)."""
     next_due = None
     for view in views.values():
         pod = view.pod
         if pod is None or st.is_deleting(pod) or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
             continue
-        due = startup_due(job, pod, status, admission)
+        training = view.role in api.TRAINING_ROLES
+        if gang_waiting and training:
+            continue
+        due = startup_due(job, pod, status, admission, not_before if training else None)
         if due is None:
             continue
         if now >= due:

@@ -20,7 +20,7 @@ from kubetf.cluster.cache import Key, Store
 from kubetf.cluster.kube import describe, is_transient
 from kubetf.cluster.kube_api import KubeApi, NotLeader, Refused
 from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
-from kubetf.core import api, reconcile, refusals
+from kubetf.core import api, gang, reconcile, refusals
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import RECONCILE_ERROR, Failing
 from kubetf.core.plan import Plan
@@ -34,6 +34,7 @@ from kubetf.runtime.progress.gauges import JobSeries
 log = logging.getLogger("kubetf.operator")
 
 RESYNC = positions.RESYNC  # nothing changed but a job's place in its queue (URGENT and NORMAL: runtime.executor)
+GANG_APIS = (f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}", f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}")
 
 
 class Controller:
@@ -142,6 +143,10 @@ class Controller:
             for items, _ in self.kube.local_queue_pages(namespace):
                 for queue in filter(serves, items):
                     self.store.put_local_queue(queue)
+            for api_version in GANG_APIS:
+                for items, _ in self.kube.pod_group_pages(namespace, api_version):
+                    for group in filter(serves, items):
+                        self.store.put_pod_group(group)
         self.requeue_all()
         for key in self.store.pod_jobs():  # pods of a job deleted while no operator ran: Kueue's finalizer
             if self.store.job(key) is None:
@@ -157,6 +162,7 @@ class Controller:
                 self._refresh_jobs(namespace)
                 self._refresh_pods(namespace)
                 self._refresh_workloads(namespace)
+                self._refresh_pod_groups(namespace)
 
     def _refresh_jobs(self, namespace: str) -> None:
         listed: set[Key] = set()
@@ -209,6 +215,23 @@ class Controller:
         if version:  # listed (Kueue is installed)
             for key in self.store.prune_workloads(namespace, listed, version):
                 self.queue.add(key, URGENT)
+
+    def _refresh_pod_groups(self, namespace: str) -> None:
+        for api_version in GANG_APIS:
+            listed: set[tuple[Key, str]] = set()
+            version = 0
+            for items, list_version in self.kube.pod_group_pages(namespace, api_version):
+                version = list_version
+                for group in filter(self._serves, items):
+                    meta = group.get("metadata") or {}
+                    listed.add(((meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or ""),
+                                meta.get("name") or ""))  # fmt: skip
+                    key = self.store.put_pod_group(group)
+                    if key is not None:
+                        self.queue.add(key, NORMAL)
+            if version:
+                for key in self.store.prune_pod_groups(namespace, api_version, listed, version):
+                    self.queue.add(key, NORMAL)
 
     def _serves(self, obj: Mapping[str, Any]) -> bool:
         return self.config.serves((obj.get("metadata") or {}).get("namespace") or "")
@@ -366,6 +389,17 @@ class Controller:
             key = self.store.put_workload(workload)
         if key is not None:
             self.queue.add(key, URGENT)
+
+    def pod_group_event(self, type_: str | None, group: Mapping[str, Any]) -> None:
+        """A gang's PodGroup changed (the scheduler wrote why it cannot place it, or that it did): its job is
+        reconciled."""
+        if not self._serves(group):
+            return
+        if type_ is None:
+            self._listed()
+        key = self.store.remove_pod_group(group) if type_ == "DELETED" else self.store.put_pod_group(group)
+        if key is not None:
+            self.queue.add(key, NORMAL)
 
     def local_queue_event(self, type_: str | None, queue: Mapping[str, Any]) -> None:
         """A LocalQueue appeared, went or changed its ClusterQueue: the jobs labelled with it are reconciled."""

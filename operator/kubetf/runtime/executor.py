@@ -172,6 +172,9 @@ class Executor:
             self.queue.add(key, URGENT)
         if failed:
             raise failed[0][1]  # the job's reconcile is retried with its backoff, the deletes with it
+        for obj in plan.delete_objects:  # a gang's PodGroups no pod uses any more
+            log.info("%s/%s: deleting %s %s: no pod of the job uses it", *key, obj["kind"], obj["metadata"]["name"])
+            self.kube.delete_object(obj)
         # The DELETED events of the others bring the job back for the replacements (or, ended, for its Workload).
         self._for_kueue(key, [], plan.release, plan.delete_workloads)
 

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from kubetf.cluster import metrics
 from kubetf.cluster.kube import PAGE_SIZE
-from kubetf.core import api, kueue
+from kubetf.core import api, gang, kueue
 from kubetf.runtime.controller import Controller
 
 
@@ -93,6 +93,18 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
     @kopf.on.event(kueue.GROUP, kueue.VERSION, "workloads", registry=registry)
     async def workload_event(event: kopf.RawEvent, **_: Any) -> None:
         controller.workload_event(event["type"], event["object"])
+
+    # A gang's PodGroups (kubetf.core.gang), of either scheduler: only the operator's own (a label the API server
+    # filters by). kopf watches an API only once the cluster serves it.
+    ours = {api.LABEL_MANAGED_BY: api.MANAGER}
+
+    @kopf.on.event(gang.NATIVE_GROUP, gang.NATIVE_VERSION, "podgroups", labels=ours, registry=registry)
+    async def native_pod_group_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.pod_group_event(event["type"], event["object"])
+
+    @kopf.on.event(gang.VOLCANO_GROUP, gang.VOLCANO_VERSION, "podgroups", labels=ours, registry=registry)
+    async def volcano_pod_group_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.pod_group_event(event["type"], event["object"])
 
     @kopf.on.event(kueue.GROUP, kueue.VERSION, "localqueues", registry=registry)
     async def local_queue_event(event: kopf.RawEvent, **_: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from kubetf.cluster.cache import Key, Store
 from kubetf.cluster.kube_api import KubeApi
-from kubetf.core import api, kueue, node_loss
+from kubetf.core import api, gang, kueue, node_loss
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import Failing
@@ -38,6 +38,7 @@ class Observer:
     ) -> None:
         self.kube, self.store, self.positions, self.config, self.clock = kube, store, positions, config, clock
         self.book = book
+        self.discovery: tuple[float, gang.Served | None] = (-math.inf, None)  # (read at, what the cluster serves)
         self.lock = threading.Lock()
         self.node_states: dict[str, tuple[float, float | None]] = {}  # node -> (read at, lost since or None)
         # A LocalQueue the watch has not shown, read from the API: (namespace, name) -> (read at, Kueue installed,
@@ -50,10 +51,30 @@ class Observer:
         ended = job is None or (kueue.managed_here(job) and _stopped(job))
         workloads = self.store.workloads_of(key) if ended else []  # what kueue.orphaned reads
         held = self.book.held(key, job["metadata"].get("uid", "")) if job is not None else None
+        served = self.served(now) if job is not None and not (job.get("status") or {}).get("gang") else gang.Served()
         return Observed(
             job, pods, now, self._lost_nodes(pods, now), self._admission(job, now), sigterm, workloads=workloads,
-            progress=held, failing=failing, foreign=foreign,
+            progress=held, failing=failing, foreign=foreign, served=served, pod_groups=self.store.pod_groups_of(key),
         )  # fmt: skip
+
+    def served(self, now: float) -> gang.Served:
+        """Which gang schedulers' APIs the cluster serves (discovery, read again every `discovery_seconds`); asked
+        only for a job whose gang scheduler is not chosen yet. Raises when it could never be read."""
+        with self.lock:
+            read_at, known = self.discovery
+        if known is None or now - read_at >= self.config.discovery_seconds:
+            try:
+                native = self.kube.served_resources(f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}") or set()
+                volcano = self.kube.served_resources(f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}") or set()
+            except Exception:
+                if known is None:
+                    raise  # the job's reconcile is retried: a gang scheduler is never chosen on a guess
+                log.warning("API discovery failed; using what it said %.0fs ago", now - read_at, exc_info=True)
+                return known
+            known = gang.Served(kubernetes="podgroups" in native, volcano="podgroups" in volcano)
+            with self.lock:
+                self.discovery = (now, known)
+        return known
 
     def with_logs(self, seen: Observed, reads: list[LogRead]) -> Observed:
         """`seen` with the logs read (None: unreadable, and said so in the operator's log)."""

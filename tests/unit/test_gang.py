@@ -1,0 +1,236 @@
+"""Gang scheduling without Kueue (kubetf.core.gang) through the real reconcile shell on the fake API: which scheduler
+a job gets, what its pods and PodGroups look like, what a restart does to the gang, what the job says while its gang
+waits, and its schedule timeout."""
+
+import pytest
+
+from kubetf.core import gang, kueue
+from kubetf.core import status as st
+
+from .jobs import job, replica
+from .test_reconcile import Sim
+
+pytestmark = pytest.mark.unit
+
+NATIVE = f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}"
+VOLCANO = f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}"
+
+
+def with_policy(document, **policy):
+    document["spec"].setdefault("runPolicy", {})["schedulingPolicy"] = policy
+    return document
+
+
+def mwms(**policy):
+    return with_policy(job(chief=replica(1), worker=replica(3), evaluator=replica(1)), **policy)
+
+
+def ps(**policy):
+    return with_policy(job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1)), **policy)
+
+
+def cluster(document, native=False, volcano=False):
+    sim = Sim(document)
+    if native:
+        sim.api.served[NATIVE] = {"workloads", "podgroups", "podgroups/status"}
+    if volcano:
+        sim.api.served[VOLCANO] = {"podgroups", "queues"}
+    return sim
+
+
+def groups(sim):
+    return {name: o for (kind, name), o in sim.api.others.items() if kind == "PodGroup"}
+
+
+def place(sim, *names):
+    """The scheduler binds these pods (all, by default), and the kubelet runs them."""
+    for name in names or list(sim.pods):
+        pod = sim.pods[name]
+        if "deletionTimestamp" not in pod["metadata"]:
+            pod["spec"]["nodeName"] = "node-a"
+            pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            sim.api.update_pod(name)
+
+
+@pytest.mark.parametrize(
+    "document,native,volcano,expected",
+    [
+        (mwms(), True, True, gang.KUBERNETES),  # Auto: the cluster's own where it serves it
+        (mwms(), False, False, "None"),  # nothing served: one by one, as before
+        (mwms(gangScheduler="None"), True, False, "None"),
+        (mwms(gangScheduler="Volcano"), True, True, gang.VOLCANO),
+    ],
+)
+def test_the_gang_scheduler_a_job_gets_is_chosen_once(document, native, volcano, expected):
+    sim = cluster(document, native, volcano)
+    sim.step()
+    assert sim.status["gang"]["scheduler"] == expected
+    sim.api.served.clear()  # the cluster changes: a job never changes how its pods are placed
+    sim.step()
+    assert sim.status["gang"]["scheduler"] == expected
+
+
+def test_auto_is_volcano_when_the_pods_name_it_and_kueue_when_the_job_is_queued():
+    document = mwms()
+    for spec in document["spec"]["replicaSpecs"].values():
+        spec["template"]["spec"]["schedulerName"] = "volcano"
+    sim = cluster(document, native=True, volcano=True)
+    sim.step()
+    assert sim.status["gang"]["scheduler"] == gang.VOLCANO
+    queued = mwms()
+    queued["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-a"}
+    sim = cluster(queued, native=True)
+    sim.api.kueue = {"queues": {"team-a": "gpus"}, "workloads": {}}
+    sim.step()
+    assert sim.status["gang"]["scheduler"] == gang.KUEUE
+    assert groups(sim) == {}  # Kueue admits the pods together: no PodGroup of ours
+
+
+@pytest.mark.parametrize(
+    "document,words",
+    [
+        (mwms(gangScheduler="Volcano"), "Volcano is not installed"),
+        (mwms(gangScheduler="Kubernetes"), "GenericWorkload feature gate"),
+        (mwms(gangScheduler="Kueue"), "add the label kueue.x-k8s.io/queue-name"),
+    ],
+)
+def test_a_gang_scheduler_the_cluster_does_not_have_fails_the_job_before_anything_is_created(document, words):
+    sim = cluster(document)
+    sim.step()
+    assert (sim.status["phase"], sim.status["reason"]) == ("Failed", "GangSchedulerUnavailable")
+    assert words in sim.condition()["message"] and "schedulingPolicy.gangScheduler" in sim.condition()["message"]
+    assert sim.pods == {} and sim.api.others == {}
+
+
+def test_kubernetes_gang_its_workload_and_podgroup_come_first_and_the_evaluator_stays_out():
+    sim = cluster(mwms(), native=True)
+    plan = sim.step()
+    first = plan.batches[0]
+    assert [o["kind"] for o in first] == ["Workload", "PodGroup"]  # before any pod of the job
+    group = groups(sim)["mnist-gang-0"]
+    assert group["apiVersion"] == NATIVE
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}  # chief + 3 workers, not the evaluator
+    assert group["spec"]["workloadRef"] == {"workloadName": "mnist", "templateName": "training"}
+    assert group["metadata"]["ownerReferences"][0]["uid"] == sim.job["metadata"]["uid"]
+    workload = sim.api.others[("Workload", "mnist")]
+    assert workload["spec"]["podGroupTemplates"] == [
+        {"name": "training", "schedulingPolicy": {"gang": {"minCount": 4}}}
+    ]
+    for name in ("mnist-chief-0", "mnist-worker-0", "mnist-worker-2"):
+        assert sim.pods[name]["spec"]["schedulingGroup"] == {"podGroupName": "mnist-gang-0"}
+    assert "schedulingGroup" not in sim.pods["mnist-evaluator-0"]["spec"]
+
+
+def test_volcano_gang_podgroup_with_min_resources_queue_and_priority_and_the_evaluator_in_its_own():
+    document = mwms(gangScheduler="Volcano", minAvailable=3, queue="team-gpu")
+    document["spec"]["priorityClassName"] = "high"
+    for role in ("chief", "worker"):
+        document["spec"]["replicaSpecs"][role]["gpus"] = 1
+        document["spec"]["replicaSpecs"][role]["template"]["spec"]["containers"][0]["resources"] = {
+            "requests": {"cpu": "500m", "memory": "1Gi"}
+        }
+    sim = cluster(document, volcano=True)
+    sim.step()
+    group = groups(sim)["mnist-gang-0"]
+    assert group["apiVersion"] == VOLCANO
+    assert group["spec"] == {
+        "minMember": 3,
+        "minResources": {"cpu": "1500m", "memory": str(3 * 2**30), "nvidia.com/gpu": "3"},
+        "queue": "team-gpu",
+        "priorityClassName": "high",
+    }
+    chief = sim.pods["mnist-chief-0"]
+    assert chief["spec"]["schedulerName"] == "volcano"
+    assert chief["metadata"]["annotations"][gang.VOLCANO_GROUP_ANNOTATION] == "mnist-gang-0"
+    evaluator = sim.pods["mnist-evaluator-0"]
+    assert evaluator["metadata"]["annotations"][gang.VOLCANO_GROUP_ANNOTATION] == "mnist-evaluator"
+    assert groups(sim)["mnist-evaluator"]["spec"]["minMember"] == 1
+
+
+def test_a_waiting_gang_says_so_with_the_schedulers_words_and_its_startup_timeout_does_not_run():
+    sim = cluster(mwms(), native=True)
+    sim.step()
+    group = sim.api.others[("PodGroup", "mnist-gang-0")]
+    message = "minCount (4) cannot be satisfied: 3 scheduled, 0 remaining"
+    group["status"] = {
+        "conditions": [{"type": "PodGroupInitiallyScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": message}]
+    }  # fmt: skip
+    sim.api._bump(group)
+    sim.api._emit("podgroups", "MODIFIED", group)
+    sim.step()
+    assert (sim.status["phase"], sim.status["reason"]) == ("Pending", "GangWaiting")
+    condition = sim.condition()["message"]
+    assert "waiting for 4 training pods to be placed together by Kubernetes (PodGroup mnist-gang-0)" in condition
+    assert f"the scheduler: Unschedulable: {message}" in condition
+    assert sim.status["gang"]["waitingSince"] == st.format_time(sim.now)
+    place(sim, "mnist-evaluator-0")  # not in the gang: placed alone
+    sim.step(advance=3600)  # long past startupTimeoutSeconds (600): the gang's wait is not a startup's
+    assert sim.status["phase"] == "Pending"
+    place(sim)
+    sim.step()
+    assert sim.status["phase"] == "Running" and "waitingSince" not in sim.status["gang"]
+    assert sim.status["gang"]["placedAt"] == st.format_time(sim.now)
+
+
+@pytest.mark.parametrize("on_timeout,phase,reason", [("Fail", "Failed", "GangScheduleTimeout"),
+                                                     ("Wait", "Pending", "GangScheduleTimeout")])  # fmt: skip
+def test_a_gang_not_placed_within_its_schedule_timeout_fails_or_waits_on_saying_so(on_timeout, phase, reason):
+    sim = cluster(mwms(scheduleTimeoutSeconds=120, onScheduleTimeout=on_timeout), native=True)
+    sim.step()
+    plan = sim.step()
+    assert sim.status["reason"] == "GangWaiting" and plan.requeue_at == pytest.approx(sim.now + 120)
+    place(sim, "mnist-chief-0", "mnist-worker-0")  # 2 of 4: not a gang
+    plan = sim.step(advance=120)
+    assert (sim.status["phase"], sim.status["reason"]) == (phase, reason)
+    assert [r for _, r, _ in sim.api.recorded].count("GangScheduleTimeout") == 1
+    if on_timeout == "Fail":
+        assert {p["metadata"]["name"] for p in plan.delete} >= {"mnist-worker-1", "mnist-worker-2"}
+
+
+def test_a_group_restart_is_a_new_gang_and_the_old_podgroup_goes_once_its_pods_are_gone():
+    sim = cluster(mwms(), native=True)
+    sim.step()
+    place(sim)
+    sim.step()
+    sim.exit("mnist-worker-1", 1)
+    sim.step(advance=20)  # the whole MWMS group restarts
+    sim.gone()
+    sim.step(advance=20)
+    new = {n: p for n, p in sim.pods.items() if p["metadata"]["labels"]["kubetf.io/attempt"] == "1"}
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for n, p in new.items() if "evaluator" not in n} == {
+        "mnist-gang-1"
+    }
+    assert groups(sim)["mnist-gang-1"]["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}
+    sim.step()
+    assert "mnist-gang-0" not in groups(sim)  # no pod of the job uses it any more
+    assert "delete PodGroup mnist-gang-0" in sim.api.calls
+
+
+def test_a_lone_parameter_server_worker_replacement_joins_the_running_gang():
+    sim = cluster(ps(), native=True)
+    sim.step()
+    place(sim)
+    sim.step()
+    sim.exit("mnist-worker-1", 1)
+    sim.step(advance=20)
+    sim.gone()
+    sim.step(advance=20)
+    replacement = sim.pods["mnist-worker-1"]
+    assert replacement["metadata"]["labels"]["kubetf.io/attempt"] == "1"
+    assert replacement["spec"]["schedulingGroup"] == {"podGroupName": "mnist-gang-0"}  # its bound peers count
+    assert set(groups(sim)) == {"mnist-gang-0"}
+
+
+def test_a_job_started_before_gangs_were_placed_keeps_going_as_it_started():
+    sim = cluster(ps())
+    sim.step()
+    place(sim)
+    sim.step()
+    del sim.job["status"]["gang"]  # as an operator of before this feature left it
+    sim.api._bump(sim.job)
+    sim.api._emit("jobs", "MODIFIED", sim.job)
+    sim.api.served[NATIVE] = {"podgroups"}
+    sim.step()
+    assert sim.status["gang"] == {"scheduler": "None"}
+    assert groups(sim) == {}
