@@ -264,35 +264,70 @@ def test_run_policy_carries_over_or_is_explained_field_by_field():
         "ttlSecondsAfterFinished": 60,
         "cleanPodPolicy": "All",
         "suspend": True,
-    }
+        # A queue in schedulingPolicy was Volcano's (Kubeflow gave it to Volcano's PodGroup): Volcano's gang it is.
+        "schedulingPolicy": {"gangScheduler": "Volcano", "minAvailable": 3, "queue": "team-a",
+                             "scheduleTimeoutSeconds": 120},
+    }  # fmt: skip
+    assert (conversion.gang, conversion.gang_why) == (
+        "Volcano", "its schedulingPolicy names a queue, which only Volcano's PodGroups took"
+    )  # fmt: skip
     assert job["spec"]["successPolicy"] == "AllWorkers"
-    assert job["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a"}
-    for spec in job["spec"]["replicaSpecs"].values():
-        assert spec["template"]["spec"]["priorityClassName"] == "high"
-    gang = "carried over as Kueue's pod group: Kueue admits all of the job's pods together or none (kubetf asks "
-    gang += "for every replica, not a part of them)"
+    assert "labels" not in job["metadata"]  # no Kueue label: on a cluster without Kueue the job could not run
+    assert job["spec"]["priorityClassName"] == "high"
     assert conversion.notes == [
         "spec.tfReplicaSpecs.Chief.restartPolicy: ExitCode now retries exit codes 128-255 up to "
         "runPolicy.backoffLimit (Kubeflow retried them without limit); 137, 143 and 42 are preemptions and never count",
-        f"spec.runPolicy.schedulingPolicy.minAvailable: {gang}",
-        "spec.runPolicy.schedulingPolicy.queue: set as the kueue.x-k8s.io/queue-name label: Kueue admits the job "
-        "from LocalQueue team-a (Kubeflow gave the queue to Volcano's PodGroup)",
-        f"spec.runPolicy.schedulingPolicy.minResources: {gang}",
-        "spec.runPolicy.schedulingPolicy.priorityClass: set as priorityClassName on every pod template that has "
-        "none (Kubeflow gave it to the gang-scheduling PodGroup)",
-        "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: not carried over: runPolicy.startupTimeoutSeconds "
-        "(default 600) fails the job when its pods are still not running after that long",
+        "spec.runPolicy.schedulingPolicy.minResources: not carried over: kubetf sums the gang's requests itself "
+        "(Volcano's minResources)",
+        "spec.runPolicy.schedulingPolicy.priorityClass: set as spec.priorityClassName: every pod's, and the gang's "
+        "PodGroup's",
+        "spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds: a gang not placed in time fails the job "
+        "(onScheduleTimeout: Fail; or Wait)",
         "spec.runPolicy.managedBy: kubeflow.org/training-operator dropped: the kubetf operator runs every TrainingJob",
     ]
     assert api.validate(job) == []
 
 
-def test_gang_scheduling_without_a_queue_says_how_to_get_all_or_nothing_admission():
+def test_a_gang_with_no_scheduler_named_is_the_clusters_best():
     document = tfjob({"Worker": kf_replica(2)}, runPolicy={"schedulingPolicy": {"minAvailable": 2}})
-    assert convert(document).notes == [
-        "spec.runPolicy.schedulingPolicy.minAvailable: not carried over: without a Kueue queue kubetf creates every "
-        "pod at once, and runPolicy.startupTimeoutSeconds fails a job whose pods cannot all start; add the label "
-        "kueue.x-k8s.io/queue-name for all-or-nothing admission"
+    conversion = convert(document)
+    assert conversion.job["spec"]["runPolicy"]["schedulingPolicy"] == {"gangScheduler": "Auto", "minAvailable": 2}
+    assert conversion.notes == [] and conversion.gang == "Auto"
+
+
+def test_volcano_pods_keep_their_gang_with_its_queue_and_the_evaluator_left_out_of_it():
+    worker = kf_replica(2)
+    worker["template"]["spec"]["schedulerName"] = "volcano"
+    document = tfjob(
+        {"Chief": kf_replica(1), "Worker": worker, "Evaluator": kf_replica(1)},
+        runPolicy={"schedulingPolicy": {"minAvailable": 4, "queue": "team-gpu"}},
+    )
+    conversion = convert(document)
+    policy = conversion.job["spec"]["runPolicy"]["schedulingPolicy"]
+    assert policy == {"gangScheduler": "Volcano", "minAvailable": 3, "queue": "team-gpu"}
+    assert conversion.gang_why == "its pods name schedulerName volcano"
+    assert conversion.notes == [
+        "spec.tfReplicaSpecs.Evaluator: the evaluator is not in the training tasks' TF_CONFIG cluster (Kubeflow "
+        "listed it there, which hangs TF2 ParameterServer training)",
+        "spec.runPolicy.schedulingPolicy.minAvailable: 4 counted the evaluator, which kubetf keeps out of the gang: "
+        "3, every training task",
+    ]
+    assert api.validate(conversion.job) == []
+
+
+def test_the_gang_scheduler_kubeflow_was_told_can_be_named():
+    document = tfjob({"Worker": kf_replica(2)}, runPolicy={"schedulingPolicy": {"minAvailable": 2, "queue": "q"}})
+    conversion = convert(document, gang_scheduler="kubernetes")
+    assert conversion.job["spec"]["runPolicy"]["schedulingPolicy"] == {"gangScheduler": "Kubernetes",
+                                                                        "minAvailable": 2}  # fmt: skip
+    assert conversion.notes == ["spec.runPolicy.schedulingPolicy.queue: q not carried over: Kubernetes's gang has no "
+                                "queue"]  # fmt: skip
+    none = convert(document, gang_scheduler="none")
+    assert none.job["spec"]["runPolicy"] == {"schedulingPolicy": {"gangScheduler": "None"}}
+    assert none.notes == [
+        "spec.runPolicy.schedulingPolicy.minAvailable: not carried over: no gang scheduler (--gang-scheduler to "
+        "choose one)",
+        "spec.runPolicy.schedulingPolicy.queue: not carried over: no gang scheduler (--gang-scheduler to choose one)",
     ]
 
 
@@ -405,7 +440,9 @@ def test_convert_cli_one_file(tmp_path):
     assert job["kind"] == "TrainingJob"
     assert sorted(job["spec"]["replicaSpecs"]) == ["chief", "ps", "worker"]
     lines = result.stderr.splitlines()
-    assert f"{path} (dist): note: spec.tfReplicaSpecs.Master: Master became chief" in lines[0]
+    assert lines[0].endswith(f"{path} (dist): gang scheduling: Auto (kubetf's default: the cluster's best "
+                             "(--gang-scheduler to choose))")  # fmt: skip
+    assert f"{path} (dist): note: spec.tfReplicaSpecs.Master: Master became chief" in lines[1]
     assert lines[-1] == "1 TFJob(s): 0 converted cleanly, 1 converted with notes, 0 not converted"
 
 

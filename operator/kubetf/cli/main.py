@@ -16,7 +16,7 @@ from kubetf.cluster import kube
 from kubetf.cluster.kube import Kube
 from kubetf.core import api, builders
 from kubetf.core.config import DEFAULTS, OperatorConfig
-from kubetf.core.convert import KUBEFLOW_API_VERSION, ConversionError, convert
+from kubetf.core.convert import GANG_SCHEDULERS, KUBEFLOW_API_VERSION, ConversionError, convert
 
 T = TypeVar("T")
 
@@ -112,17 +112,17 @@ class _Converted:
         return line + (f"; {self.skipped} other document(s) skipped" if self.skipped else "")
 
 
-def _convert_one(label: str, document: Any, strategy: str | None, done: _Converted) -> None:
+def _convert_one(label: str, document: Any, strategy: str | None, gang: str | None, done: _Converted) -> None:
     if isinstance(document, dict) and document.get("kind") == "List" and isinstance(document.get("items"), list):
         for i, item in enumerate(document["items"]):  # `kubectl get tfjobs -o yaml`
-            _convert_one(_label(f"{label} item {i + 1}", 0, 1, item), item, strategy, done)
+            _convert_one(_label(f"{label} item {i + 1}", 0, 1, item), item, strategy, gang, done)
         return
     if isinstance(document, dict) and document.get("kind") not in (None, "TFJob"):
         print(f"{label}: skipped: kind {document['kind']} is not a TFJob", file=sys.stderr)
         done.skipped += 1
         return
     try:
-        conversion = convert(document, strategy)
+        conversion = convert(document, strategy, gang)
     except ConversionError as error:
         print(f"{label}: not converted: {error}", file=sys.stderr)
         done.failed += 1
@@ -139,6 +139,7 @@ def _convert_one(label: str, document: Any, strategy: str | None, done: _Convert
     if problems:
         done.failed += 1
         return
+    print(f"{label}: gang scheduling: {conversion.gang} ({conversion.gang_why})", file=sys.stderr)
     for note in conversion.notes:
         print(f"{label}: note: {note}", file=sys.stderr)
     done.sources[key] = label
@@ -219,7 +220,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             continue
         sources += [(_label(path, i, len(documents), d), d) for i, d in enumerate(documents)]
     for label, document in sources:
-        _convert_one(label, document, args.strategy, done)
+        _convert_one(label, document, args.strategy, args.gang_scheduler, done)
     _write_jobs(done.jobs, args.output_dir)
     print(done.summary(), file=sys.stderr)
     return 1 if done.failed else 0
@@ -521,6 +522,11 @@ def _offline_commands(commands: Any) -> None:
     conv.add_argument(
         "--strategy", choices=api.STRATEGIES,
         help="the strategy of every converted job (default: chosen from each TFJob's layout, ambiguity noted)",
+    )  # fmt: skip
+    conv.add_argument(
+        "--gang-scheduler", choices=sorted(GANG_SCHEDULERS),
+        help="the gang scheduler Kubeflow's --gang-scheduler-name named (the TFJob does not say it; default: Volcano "
+        "when its pods name it or its schedulingPolicy has a queue, Kueue when it is queued, else Auto)",
     )  # fmt: skip
     conv.add_argument("-o", "--output-dir", metavar="DIR", help="write DIR/NAMESPACE/NAME.yaml per job, not stdout")
     conv.set_defaults(handler=cmd_convert)

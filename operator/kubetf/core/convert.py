@@ -32,20 +32,10 @@ ROLE_OF = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", 
 RESTART_POLICY_OF = {"OnFailure": "OnFailure", "Never": "Never", "ExitCode": "ExitCode", "Always": "OnFailure"}
 RUN_POLICY_FIELDS = ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "cleanPodPolicy", "suspend")
 LEGACY_RUN_POLICY_FIELDS = ("cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit")
-# A job with a Kueue queue is admitted as one pod group: all of its pods or none (gang admission). Without a queue
-# every pod is created at once and only the startup timeout bounds a job whose pods cannot all start.
-GANG_QUEUED = (
-    "carried over as Kueue's pod group: Kueue admits all of the job's pods together or none (kubetf asks for every "
-    "replica, not a part of them)"
-)
-GANG_UNQUEUED = (
-    "not carried over: without a Kueue queue kubetf creates every pod at once, and runPolicy.startupTimeoutSeconds "
-    "fails a job whose pods cannot all start; add the label kueue.x-k8s.io/queue-name for all-or-nothing admission"
-)
-SCHEDULING_NOTES = {
-    "scheduleTimeoutSeconds": "not carried over: runPolicy.startupTimeoutSeconds (default 600) fails the job when "
-    "its pods are still not running after that long",
-}
+# Kubeflow's operator gang-scheduled a TFJob's pods through the scheduler its --gang-scheduler-name flag named
+# (Volcano, or scheduler-plugins' coscheduler), with runPolicy.schedulingPolicy; a TFJob does not say which.
+GANG_SCHEDULERS = {"volcano": "Volcano", "kubernetes": "Kubernetes", "kueue": "Kueue", "none": "None"}
+VOLCANO_SCHEDULER = "volcano"
 TFJOB_SPEC_FIELDS = ("tfReplicaSpecs", "runPolicy", "successPolicy", "enableDynamicWorker", *LEGACY_RUN_POLICY_FIELDS)
 
 
@@ -57,10 +47,14 @@ class ConversionError(ValueError):
 class Conversion:
     job: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    gang: str = "None"  # the gang scheduler the job got (schedulingPolicy.gangScheduler), and why
+    gang_why: str = ""
 
 
-def convert(tfjob: Any, strategy: str | None = None) -> Conversion:
-    """The TrainingJob for a TFJob. `strategy` overrides the one the layout suggests (see `_strategy`)."""
+def convert(tfjob: Any, strategy: str | None = None, gang_scheduler: str | None = None) -> Conversion:
+    """The TrainingJob for a TFJob. `strategy` overrides the one the layout suggests (see `_strategy`);
+    `gang_scheduler` (volcano, kubernetes, kueue, none) the gang scheduler chosen from what the TFJob shows (see
+    `_gang`): the one Kubeflow's --gang-scheduler-name named, which the TFJob does not say."""
     _check(tfjob, strategy)
     spec = tfjob.get("spec") or {}
     notes: list[str] = []
@@ -79,7 +73,8 @@ def convert(tfjob: Any, strategy: str | None = None) -> Conversion:
         notes.append(f"containers declare different {KUBEFLOW_PORT_NAME} ports {sorted(ports)}: using {min(ports)}")
     if ports and min(ports) != KUBEFLOW_DEFAULT_PORT:
         job_spec["port"] = min(ports)
-    _run_policy(spec, job_spec, metadata, notes)
+    gang, why = _gang(spec, metadata, out_specs, gang_scheduler)
+    _run_policy(spec, job_spec, metadata, gang, notes)
     if success_policy == "AllWorkers":
         job_spec["successPolicy"] = "AllWorkers"
     if spec.get("enableDynamicWorker"):
@@ -87,7 +82,7 @@ def convert(tfjob: Any, strategy: str | None = None) -> Conversion:
     for unknown in sorted(set(spec) - set(TFJOB_SPEC_FIELDS)):
         notes.append(f"spec.{unknown}: not carried over (not a TFJob field kubetf knows)")
     job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": job_spec}
-    return Conversion(job, notes)
+    return Conversion(job, notes, gang, why)
 
 
 def _metadata(source: dict[str, Any], notes: list[str]) -> dict[str, Any]:
@@ -187,7 +182,9 @@ def _replicas(
     return out_specs, kubeflow_types, ports
 
 
-def _run_policy(spec: dict[str, Any], job_spec: dict[str, Any], metadata: dict[str, Any], notes: list[str]) -> None:
+def _run_policy(
+    spec: dict[str, Any], job_spec: dict[str, Any], metadata: dict[str, Any], gang: str, notes: list[str]
+) -> None:
     run_policy = dict(spec.get("runPolicy") or {})
     for legacy in LEGACY_RUN_POLICY_FIELDS:
         if legacy in spec:  # pre-v1 placement at the top of the spec
@@ -198,7 +195,9 @@ def _run_policy(spec: dict[str, Any], job_spec: dict[str, Any], metadata: dict[s
             "spec.runPolicy.cleanPodPolicy: not set, so Kubeflow (default None) left ps pods running after the job "
             "ended; kubetf's default Running stops them (set cleanPodPolicy: None to keep them)"
         )
-    _scheduling_policy(run_policy.get("schedulingPolicy"), metadata, job_spec["replicaSpecs"], notes)
+    scheduling = _scheduling_policy(run_policy.get("schedulingPolicy"), metadata, job_spec, gang, notes)
+    if scheduling:
+        carried["schedulingPolicy"] = scheduling
     _managed_by(run_policy.get("managedBy"), notes)
     for dropped in sorted(set(run_policy) - {*RUN_POLICY_FIELDS, "schedulingPolicy", "managedBy"}):
         notes.append(f"spec.runPolicy.{dropped}: not carried over (kubetf has no equivalent)")
@@ -234,32 +233,73 @@ def _strategy(
     return picked
 
 
+def _gang(
+    spec: dict[str, Any], metadata: dict[str, Any], replica_specs: dict[str, dict[str, Any]], asked: str | None
+) -> tuple[str, str]:
+    """(the gang scheduler of the converted job, why): the one asked for; else Volcano when the TFJob's pods name
+    it; else Kueue when the TFJob is queued (Kueue's label); else Volcano when its schedulingPolicy has a queue (only
+    Volcano's PodGroups took one); else Auto, kubetf's default (the cluster's best: its own gang scheduling where it
+    serves it)."""
+    policy = (spec.get("runPolicy") or {}).get("schedulingPolicy") or {}
+    if asked:
+        return GANG_SCHEDULERS[asked], "--gang-scheduler"
+    names = {(r["template"].get("spec") or {}).get("schedulerName") for r in replica_specs.values()}
+    if VOLCANO_SCHEDULER in names:
+        return "Volcano", "its pods name schedulerName volcano"
+    if (metadata.get("labels") or {}).get(KUEUE_QUEUE_LABEL):
+        return "Kueue", f"it carries the label {KUEUE_QUEUE_LABEL}"
+    if policy.get("queue"):
+        return "Volcano", "its schedulingPolicy names a queue, which only Volcano's PodGroups took"
+    if any(v not in (None, "", {}) for v in policy.values()):
+        return "Auto", "a schedulingPolicy and no scheduler named: the cluster's best (--gang-scheduler to choose)"
+    return "Auto", "kubetf's default: the cluster's best (--gang-scheduler to choose)"
+
+
 def _scheduling_policy(
-    policy: Any, metadata: dict[str, Any], replica_specs: dict[str, dict[str, Any]], notes: list[str]
-) -> None:
-    queued = bool((policy or {}).get("queue") or (metadata.get("labels") or {}).get(KUEUE_QUEUE_LABEL))
-    for key, value in (policy or {}).items():
+    policy: Any, metadata: dict[str, Any], job_spec: dict[str, Any], gang: str, notes: list[str]
+) -> dict[str, Any]:
+    """The TrainingJob's schedulingPolicy for the TFJob's, under `gang`; notes for what does not carry over."""
+    policy = policy or {}
+    out: dict[str, Any] = {"gangScheduler": gang} if gang != "Auto" or policy else {}
+    training = sum(r.get("replicas", 1) for role, r in job_spec["replicaSpecs"].items() if role in api.TRAINING_ROLES)
+    for key, value in policy.items():
         path = f"spec.runPolicy.schedulingPolicy.{key}"
-        if key == "queue" and value:
+        if value in (None, "", {}):
+            continue
+        if gang == "None":
+            notes.append(f"{path}: not carried over: no gang scheduler (--gang-scheduler to choose one)")
+        elif key == "queue" and gang == "Kueue":
             labels = metadata.setdefault("labels", {})
             if labels.setdefault(KUEUE_QUEUE_LABEL, value) == value:
                 notes.append(
-                    f"{path}: set as the {KUEUE_QUEUE_LABEL} label: Kueue admits the job from LocalQueue {value} "
-                    "(Kubeflow gave the queue to Volcano's PodGroup)"
+                    f"{path}: set as the {KUEUE_QUEUE_LABEL} label: Kueue admits the job from LocalQueue {value}"
                 )
             else:
                 notes.append(f"{path}: {value} not carried over: the job's {KUEUE_QUEUE_LABEL} label names the queue")
-        elif key == "priorityClass" and value:
-            for spec in replica_specs.values():
-                spec["template"].setdefault("spec", {}).setdefault("priorityClassName", value)
-            notes.append(
-                f"{path}: set as priorityClassName on every pod template that has none "
-                "(Kubeflow gave it to the gang-scheduling PodGroup)"
-            )
-        elif key in ("minAvailable", "minResources") and value not in (None, "", {}):
-            notes.append(f"{path}: {GANG_QUEUED if queued else GANG_UNQUEUED}")
-        elif value not in (None, "", {}):
-            notes.append(f"{path}: {SCHEDULING_NOTES.get(key, 'not carried over (kubetf has no equivalent)')}")
+        elif key == "queue" and gang in ("Volcano", "Auto"):
+            out["queue"] = value
+        elif key == "queue":
+            notes.append(f"{path}: {value} not carried over: {gang}'s gang has no queue")
+        elif key == "priorityClass":
+            job_spec.setdefault("priorityClassName", value)
+            notes.append(f"{path}: set as spec.priorityClassName: every pod's, and the gang's PodGroup's")
+        elif key == "minAvailable" and gang == "Kueue":
+            notes.append(f"{path}: not carried over: Kueue admits all of the job's pods together")
+        elif key == "minAvailable":
+            if int(value) > training:
+                notes.append(
+                    f"{path}: {value} counted the evaluator, which kubetf keeps out of the gang: {training}, every "
+                    "training task"
+                )
+            out["minAvailable"] = min(int(value), training)
+        elif key == "scheduleTimeoutSeconds" and gang != "Kueue":
+            out["scheduleTimeoutSeconds"] = int(value)
+            notes.append(f"{path}: a gang not placed in time fails the job (onScheduleTimeout: Fail; or Wait)")
+        elif key == "minResources":
+            notes.append(f"{path}: not carried over: kubetf sums the gang's requests itself (Volcano's minResources)")
+        else:
+            notes.append(f"{path}: not carried over (kubetf has no equivalent under {gang})")
+    return out
 
 
 def _managed_by(value: Any, notes: list[str]) -> None:
