@@ -258,3 +258,17 @@ def test_defaults_come_from_the_crd():
 def test_manifests_carry_the_packaged_crd():
     packaged = (ROOT / "operator" / "kubetf" / "crd" / "trainingjobs.kubetf.io.yaml").read_text()
     assert (ROOT / "manifests" / "crd" / "trainingjobs.kubetf.io.yaml").read_text() == packaged, "run make manifests"
+
+
+def test_a_gang_that_could_never_be_complete_is_refused_with_its_field():
+    document = job(chief=replica(1), worker=replica(2), evaluator=replica(1))
+    document["spec"]["runPolicy"] = {"schedulingPolicy": {"minAvailable": 4}}  # 3 training tasks: the evaluator
+    problems = [str(p) for p in api.validate(document)]  # is never part of the gang
+    assert problems == [
+        "spec.runPolicy.schedulingPolicy.minAvailable: minAvailable is more than the job's training tasks (chief, "
+        "workers, ps): its gang could never be complete"
+    ]
+    document["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 3, "gangScheduler": "Kubernetes", "queue": "q"}
+    assert [p.path for p in api.validate(document)] == ["spec.runPolicy.schedulingPolicy.queue"]
+    document["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 3, "gangScheduler": "Volcano", "queue": "q"}
+    assert api.validate(document) == []
