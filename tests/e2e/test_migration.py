@@ -45,7 +45,32 @@ def tf1_records(lines: list[str], kind: str) -> list[dict]:
     return [r for r in (json.loads(line) for line in lines if line.startswith('{"tf1"')) if r["tf1"] == kind]
 
 
-STEPS = 2500  # the ps is deleted after 1000: about 1,500 steps left once it is back, for both workers to rejoin
+def release(cluster, namespace: str) -> None:
+    """Let the held workers go on: the file they wait for, written on their volume by a pod of the test's."""
+    pod = {
+        "metadata": {"name": "release"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "touch",
+                    "image": "kubetf/python-base:bookworm",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["touch", "/model/dist-mnist/release"],
+                    "resources": RESOURCES,
+                    "volumeMounts": [{"name": "model", "mountPath": "/model"}],
+                }
+            ],
+            "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "dist-mnist-model"}}],
+        },
+    }
+    cluster.core.create_namespaced_pod(namespace, pod)
+    wait_for(lambda: cluster.core.read_namespaced_pod("release", namespace).status.phase == "Succeeded", 120,
+             "the release file written")  # fmt: skip
+
+
+STEPS = 2500
+HOLD = 1000  # every worker holds at this global step until the test releases it: the ps is deleted meanwhile
 
 
 @pytest.mark.tensorflow
@@ -61,7 +86,7 @@ def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(inst
         },
     )
     program = container("/opt/kubetf/examples/tf1_between_graph.py", "--train-steps", str(STEPS), "--checkpoint-dir",
-                        "/model/dist-mnist")  # fmt: skip
+                        "/model/dist-mnist", "--hold-at-step", str(HOLD))  # fmt: skip
     program["volumeMounts"] = [{"name": "model", "mountPath": "/model"}]
     volume = {"name": "model", "persistentVolumeClaim": {"claimName": "dist-mnist-model"}}
     replica = {"restartPolicy": "OnFailure", "template": {"spec": {"containers": [program], "volumes": [volume]}}}
@@ -93,19 +118,19 @@ def test_converted_tf1_between_graph_tfjob_succeeds_after_its_ps_is_deleted(inst
     start = time.monotonic()
     create(cluster, namespace, job)
 
+    # Both workers hold at the step (a checkpoint every 200 before it), however far apart they started: the first
+    # once trained all 2,500 steps while the second was still starting, and the ps was deleted after the end.
     wait_for(
-        lambda: (
-            any(r["step"] >= 1000 for r in tf1_records(log(cluster, namespace, "dist-mnist-worker-0"), "progress"))
-            and tf1_records(log(cluster, namespace, "dist-mnist-worker-1"), "session")
-        ),  # nothing to resume before it
+        lambda: all(tf1_records(log(cluster, namespace, f"dist-mnist-worker-{i}"), "held") for i in (0, 1)),
         600,
-        "1000 global steps (a checkpoint every 200) and both workers in session",
+        f"both workers held at global step {HOLD}",
         interval=1.0,
     )
-    print(f"\ndist-mnist: apply -> 1000 steps {elapsed(start)}")
+    print(f"\ndist-mnist: apply -> both workers held at step {HOLD} {elapsed(start)}")
     ps = cluster.pods(namespace, "dist-mnist")["dist-mnist-ps-0"]
     cluster.delete_pod(ps)
     deleted = time.monotonic()
+    release(cluster, namespace)
     status = cluster.wait_phase(namespace, "dist-mnist", "Succeeded", timeout=900)
     print(f"dist-mnist: ps deleted -> Succeeded {elapsed(deleted)}")
 

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -62,6 +63,13 @@ class StopAtStep(tf.compat.v1.train.StopAtStepHook):
             self.stopped_at = int(run_context.session.run(self.global_step))
 
 
+def hold(task, step, release):
+    say("held", task, step=step)
+    while not os.path.exists(release):
+        time.sleep(0.2)
+    say("released", task)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-steps", type=int, default=3000, help="global steps, over all workers")
@@ -72,6 +80,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--checkpoint-dir",
         default=os.path.join(os.environ.get("KUBETF_CHECKPOINT_DIR") or tempfile.gettempdir(), "tf1-between-graph"),
+    )
+    parser.add_argument(
+        "--hold-at-step",
+        type=int,
+        help="pause each worker once the global step reaches this, until the file `release` exists in "
+        "--checkpoint-dir: to act on the job at a known point (a test deletes its ps there)",
     )
     args = parser.parse_args(argv)
 
@@ -124,6 +138,9 @@ def main(argv=None) -> int:
         config=config,
     ) as session:
         while not session.should_stop():
+            if args.hold_at_step is not None and step is not None and step >= args.hold_at_step:
+                hold(task, int(step), os.path.join(args.checkpoint_dir, "release"))
+                args.hold_at_step = None
             batch = rng.integers(0, len(x_train), args.batch_size)
             last = step
             _, step, loss_value, accuracy_value = session.run(
