@@ -288,7 +288,8 @@ def test_another_teams_pod_group_named_like_the_job_and_its_pod_survive_the_jobs
 
 def test_two_jobs_whose_names_share_54_characters_keep_their_own_workloads(cluster, namespace, queue):
     names = ["x" * 54 + "a", "x" * 54 + "b"]  # 55 characters: a group name keeps 54 of them (and 8 of the uid)
-    spec = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(1)}}
+    # A chief alone: its pod name, {job}-chief-0, is the longest that fits 63 characters.
+    spec = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1)}}
     jobs = {name: cluster.create_job(namespace, name, spec, **labelled(queue)) for name in names}
     for name in names:
         admitted(cluster, namespace, name, 1, f"{name} admitted", 30)

@@ -110,7 +110,7 @@ def post(port: int, token: str, body: bytes = b'{"epoch": 1}') -> int:
 def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goes_on(cluster, namespace, operator):
     port, pid = operator.progress_port, operator.process.pid
     victim = running_job(cluster, namespace, "victim")
-    running_job(cluster, namespace, "other")
+    other = running_job(cluster, namespace, "other")
     chief_token = token_for(cluster, namespace, victim["victim-chief-0"])
     assert post(port, chief_token) == 204  # the job's own pod is heard
     rss_before = rss_mib(pid)
@@ -146,7 +146,7 @@ def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goe
             random_answers.append(post(port, secrets.token_urlsafe(600)))
 
     def forged_tokens() -> None:
-        pod_uid = victim["victim-worker-0"]["metadata"]["uid"]
+        pod_uid = other["other-chief-0"]["metadata"]["uid"]  # a pod that stays: the victim's are replaced meanwhile
         while not stop.is_set() and len(forged_answers) < 2000:
             forged_answers.append(post(port, forged(pod_uid)))
 
@@ -189,8 +189,7 @@ def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goe
     stranger_token = token_for(cluster, namespace, made)
     status = wait_for(lambda: (s := post(port, stranger_token)) in (401, 403) and s, 10, "the stranger refused")
     assert status == 403
-    other_pods = cluster.live_pods(namespace, "other")
-    other_token = token_for(cluster, namespace, other_pods["other-chief-0"])
+    other_token = token_for(cluster, namespace, other["other-chief-0"])
     assert post(port, other_token, b'{"epoch": 3, "epochs": 4}') == 204
     wait_for(lambda: (cluster.status(namespace, "other").get("progress") or {}).get("epoch") == 3, 10, "other's own")
     assert (cluster.status(namespace, "victim").get("progress") or {}).get("epoch") in (None, 1)
