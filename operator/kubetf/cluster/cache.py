@@ -136,7 +136,8 @@ def slim_pod_group(group: Mapping[str, Any]) -> Obj:
         slim_meta["ownerReferences"] = owners[:1]
     status = group.get("status") or {}
     conditions = [
-        {k: c[k] for k in ("type", "status", "reason", "message") if k in c} for c in status.get("conditions") or []
+        {k: c[k] for k in ("type", "status", "reason", "message", "lastTransitionTime") if k in c}
+        for c in status.get("conditions") or []
     ]
     slim_status: Obj = {"conditions": conditions}
     if "phase" in status:  # Volcano's

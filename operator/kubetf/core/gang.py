@@ -242,11 +242,19 @@ def placed(job: Job, views: dict[str, st.TaskView]) -> bool:
 
 def scheduler_words(groups: list[dict[str, Any]], name: str) -> str | None:
     """What the scheduler wrote on the PodGroup `name` while it cannot place it (Kubernetes:
-    PodGroupInitiallyScheduled False; Volcano: Unschedulable True), else None."""
+    PodGroupInitiallyScheduled False; Volcano: Unschedulable True, unless a Scheduled True came since: Volcano never
+    turns Unschedulable back to False), else None."""
     group = next((g for g in groups if (g.get("metadata") or {}).get("name") == name), None)
-    for condition in ((group or {}).get("status") or {}).get("conditions") or []:
+    conditions = ((group or {}).get("status") or {}).get("conditions") or []
+    scheduled = max((c.get("lastTransitionTime") or "" for c in conditions if c.get("type") == "Scheduled"
+                     and c.get("status") == "True"), default=None)  # fmt: skip
+    for condition in conditions:
         kind, state = condition.get("type"), condition.get("status")
-        if (kind == "PodGroupInitiallyScheduled" and state == "False") or (kind == "Unschedulable" and state == "True"):
+        native = kind == "PodGroupInitiallyScheduled" and state == "False"
+        volcano = kind == "Unschedulable" and state == "True"
+        if volcano and scheduled is not None and scheduled >= (condition.get("lastTransitionTime") or ""):
+            continue
+        if native or volcano:
             reason, message = condition.get("reason") or "Unschedulable", condition.get("message") or ""
             return f"{reason}: {message}".rstrip(": ")
     return None
