@@ -237,8 +237,13 @@ def test_a_job_started_before_gangs_were_placed_keeps_going_as_it_started():
 
 
 def test_volcanos_stale_unschedulable_beside_a_newer_scheduled_says_nothing():
-    unschedulable = {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources",
-                     "message": "1/2 tasks in gang unschedulable", "lastTransitionTime": "2026-11-25T10:00:00Z"}  # fmt: skip
+    unschedulable = {
+        "type": "Unschedulable",
+        "status": "True",
+        "reason": "NotEnoughResources",
+        "message": "1/2 tasks in gang unschedulable",
+        "lastTransitionTime": "2026-11-25T10:00:00Z",
+    }
     group = {"metadata": {"name": "g"}, "status": {"conditions": [unschedulable]}}
     assert gang.scheduler_words([group], "g") == "NotEnoughResources: 1/2 tasks in gang unschedulable"
     scheduled = {"type": "Scheduled", "status": "True", "lastTransitionTime": "2026-11-25T10:00:05Z"}
