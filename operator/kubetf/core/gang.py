@@ -5,7 +5,8 @@ Volcano (scheduling.volcano.sh/v1beta1). The evaluator is never part of the gang
 The job asks for it in `spec.runPolicy.schedulingPolicy` (docs/gang-scheduling.md):
 
 - which scheduler (`gangScheduler`): Auto is Kueue when the job is queued (Kueue admits its pods together), else
-  Volcano when its pods name `schedulerName: volcano`, else Kubernetes' own where the cluster serves it, else none;
+  none for a job of one training task, else Volcano when its pods name `schedulerName: volcano`, else Kubernetes'
+  own where the cluster serves it and the pods are the default scheduler's, else none;
 - how many training tasks must be placed together (`minAvailable`, default all of them);
 - how long a gang may wait to be placed once its pods could start (`scheduleTimeoutSeconds`), and what then
   (`onScheduleTimeout`: Fail, or Wait on and say so).
@@ -65,12 +66,17 @@ def min_available(job: Job) -> int:
     return int(policy(job).get("minAvailable") or len(training_tasks(job)))
 
 
-def _names_volcano(job: Job) -> bool:
-    return any(
-        (spec["template"].get("spec") or {}).get("schedulerName") == VOLCANO_SCHEDULER
+def _scheduler_names(job: Job) -> set[str]:
+    """The schedulers the training pods' templates name ("default-scheduler" when they name none)."""
+    return {
+        (spec["template"].get("spec") or {}).get("schedulerName") or "default-scheduler"
         for role, spec in api.replica_specs(job).items()
         if role in api.TRAINING_ROLES
-    )
+    }
+
+
+def _names_volcano(job: Job) -> bool:
+    return VOLCANO_SCHEDULER in _scheduler_names(job)
 
 
 def scheduler(job: Job, served: Served) -> tuple[str | None, str | None]:
@@ -80,11 +86,15 @@ def scheduler(job: Job, served: Served) -> tuple[str | None, str | None]:
     queued = kueue.queue_name(job) is not None
     if asked == "None":
         return None, None
+    if asked == "Auto" and not queued and min_available(job) < 2:
+        return None, None  # one training task: nothing to place together
     if asked == KUEUE:
         if queued:
             return KUEUE, None
         return None, f"{field}: Kueue admits only a queued job: add the label {kueue.QUEUE_LABEL} naming a LocalQueue"
-    if asked == KUBERNETES or (asked == "Auto" and not queued and not _names_volcano(job) and served.kubernetes):
+    # Auto takes Kubernetes' own only for pods of the default scheduler: its gang plugin is that scheduler's.
+    default = _scheduler_names(job) == {"default-scheduler"}
+    if asked == KUBERNETES or (asked == "Auto" and not queued and default and served.kubernetes):
         if served.kubernetes:
             return KUBERNETES, None
         return None, (

@@ -244,12 +244,13 @@ def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Wai
     since = st.parse_time(record["waitingSince"]) or now
     unbound = [v for v in training if not (v.pod is not None and (v.pod.get("spec") or {}).get("nodeName"))]
     pending = next((why for v in unbound if v.pod is not None and (why := st.pending_reason(v.pod))), None)
-    words = gang.scheduler_words(seen.pod_groups, name) or pending
+    words = "; ".join(w for w in (pending, gang.scheduler_words(seen.pod_groups, name)) if w)
     message = (
         f"waiting for {gang.min_available(job)} training pods to be placed together by {d.gang} (PodGroup {name}) "
         f"since {record['waitingSince']}: {len(unbound)} not placed yet"
-        + (f"; the scheduler: {words}" if words else "")
     )
+    if words:
+        message += f"; the scheduler: {words}"
     timeout = gang.policy(job).get("scheduleTimeoutSeconds")
     if timeout and now >= since + timeout:
         if gang.policy(job).get("onScheduleTimeout") == "Fail":
@@ -259,6 +260,10 @@ def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Wai
         return _Waiting("GangScheduleTimeout", f"past scheduleTimeoutSeconds={timeout}, waiting on: {message}", True)
     if timeout:
         d.plan.wake_at(since + timeout)
+    grace = since + d.config.scheduling_grace
+    if not words and now < grace:  # a gang placed within seconds is the usual start: no reason to say more
+        d.plan.wake_at(grace)
+        return None
     return _Waiting("GangWaiting", message, False)
 
 
