@@ -431,10 +431,7 @@ class Kube:
         """The resources the API server serves in `group_version` (API discovery); None when it serves no such
         group version."""
         try:
-            found = self._call(
-                "get", "discovery", self.api_client.call_api, f"/apis/{group_version}", "GET",
-                auth_settings=["BearerToken"], _return_http_data_only=True,
-            )  # fmt: skip
+            found = self._call("get", "discovery", self._get_path, f"/apis/{group_version}", [])
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -535,8 +532,8 @@ class Kube:
         return items
 
     def _get_path(self, path: str, query: list[tuple[str, Any]], _preload_content: bool, _request_timeout: Any) -> Any:
-        """GET a path no generated method has (an aggregated API): the raw response, as `_call` expects it. (The
-        client's call_api takes a serialized request since 37, and returns any status.)"""
+        """GET a path no generated method has (API discovery, an aggregated API): the raw response, as `_call` expects
+        it. (The client's call_api takes a serialized request since 37, and returns any status.)"""
         request = self.api_client.param_serialize(
             "GET", path, query_params=query, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
         )
