@@ -42,7 +42,23 @@ RUN=/run/kubetf-cluster
 IMAGE_STORE=/var/lib/kubetf-containerd          # the node's containerd root (images survive `down`)
 CTR_SOCK="$RUN/containerd/containerd.sock"      # not /run/containerd: dockerd would adopt that one
 
+# The control plane (kube-apiserver, kube-controller-manager, kube-scheduler) and kubectl: the version the wrapper
+# module pins.
 K8S_VERSION="$(grep -oE 'k8s\.io/kubernetes v1\.[0-9]+\.[0-9]+' "$HERE/k8s-build/go.mod" | head -1 | cut -d' ' -f2)"
+# The node's kubelet and kube-proxy, pinned here on their own: they follow the control plane only by decision.
+# Kubernetes' version-skew policy lets both be up to three minor versions older than the API server, the way out
+# when a newer kubelet refuses this machine. 1.37.2 runs here (cgroup v1, Debian 12's containerd 1.6) with
+# `failCgroupV1: false` (kubelet.yaml below), but it already says the next one will not: containerd 1.6 lacks the
+# CRI RuntimeConfig call, and the kubelet falls back to its own cgroupDriver, reporting
+# kubelet_cri_losing_support{version="1.38.0"}. A later control plane needs a kubelet decision here (see
+# docs/compatibility.md).
+KUBELET_VERSION=v1.37.2
+KUBE_PROXY_VERSION=v1.37.2
+# Kubernetes' own gang scheduling (KEP-4671, the Workload API): GenericWorkload is beta but off by default in 1.37;
+# it serves workloads and podgroups, starts the controller-manager's podgroup-protection controller and adds the
+# scheduler's GangScheduling plugin. Its beta API version needs runtime-config as well.
+FEATURE_GATES=GenericWorkload=true
+RUNTIME_CONFIG=scheduling.k8s.io/v1beta1=true
 ETCD_VERSION="$(grep -oE 'go\.etcd\.io/etcd/server/v3 v3\.[0-9]+\.[0-9]+' "$HERE/etcd-build/go.mod" | head -1 | cut -d' ' -f2)"
 COREDNS_VERSION=v1.14.7
 KWOK_VERSION=v0.7.0
@@ -77,6 +93,8 @@ FAKE_POD_CIDR=10.160.0.1/12   # pod IPs kwok hands out: 1M addresses, clear of p
 FAKE_MANAGED=kwok.kubetf.io/managed   # label kwok selects on the server too: "false" = the node is lost (stopped)
 
 K8S_BIN="$CACHE/k8s-$K8S_VERSION/bin"
+KUBELET_BIN="$CACHE/k8s-$KUBELET_VERSION/bin/kubelet"
+KUBE_PROXY_BIN="$CACHE/k8s-$KUBE_PROXY_VERSION/bin/kube-proxy"
 ETCD_BIN="$CACHE/etcd-$ETCD_VERSION"
 COREDNS_BIN="$CACHE/coredns-$COREDNS_VERSION"
 # kwok deletes a pod by name alone (pod_controller.go deleteResource, v0.7.0 and v0.8.0): a retried delete of an old
@@ -92,6 +110,12 @@ PKI="$STATE/pki"
 CONF="$STATE/conf"
 LOGS="$STATE/logs"
 KUBECONFIG_PATH="$STATE/admin.kubeconfig"
+# What a running cluster must have been started with for `up` to leave it alone: another version of any daemon or
+# other gates and the cluster is torn down and started again (binaries are cached by version, so each version
+# here is also the key of its binary's cache).
+CLUSTER_STAMP="k8s=$K8S_VERSION kubelet=$KUBELET_VERSION kube-proxy=$KUBE_PROXY_VERSION etcd=$ETCD_VERSION"
+CLUSTER_STAMP+=" coredns=$COREDNS_VERSION feature-gates=$FEATURE_GATES runtime-config=$RUNTIME_CONFIG"
+STAMP_FILE="$STATE/cluster.stamp"
 
 T_START=$SECONDS
 log() { printf '[local-cluster %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -170,16 +194,26 @@ install_packages() {
   DEBIAN_FRONTEND=noninteractive apt-get "${wait[@]}" install -y -qq --no-install-recommends "${missing[@]}" \
     >>"$CACHE/logs/apt.log" 2>&1 || die "apt-get install failed (see $CACHE/logs/apt.log)"
 }
+build_k8s() {  # build_k8s VERSION BINARY...: the binaries of one Kubernetes version, cached by version
+  local version=$1 b need=0; shift
+  for b in "$@"; do [[ -x "$CACHE/k8s-$version/bin/$b" ]] || need=1; done
+  ((need)) || return 0
+  local logf="$CACHE/logs/k8s-${version#v}-build.log"
+  log "building Kubernetes $version: $* (cold: 20-40 min on 2 cores for all, ~5 min a binary; log $logf)"
+  "$HERE/k8s-build/build.sh" "$version" "$@" >"$logf" 2>&1 || die "k8s $version build failed: $logf"
+}
 build_binaries() {
   mkdir -p "$CACHE/logs" "$BIN_DIR"
   command -v go >/dev/null || die "go is needed to build the cluster binaries"
-  local need=0 b
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
-    [[ -x "$K8S_BIN/$b" ]] || need=1
-  done
-  if ((need)); then
-    log "building Kubernetes $K8S_VERSION (cold: 20-40 min on 2 cores; log $CACHE/logs/k8s-build.log)"
-    "$HERE/k8s-build/build.sh" "$K8S_VERSION" >"$CACHE/logs/k8s-build.log" 2>&1 || die "k8s build failed: $CACHE/logs/k8s-build.log"
+  local control_plane=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  [[ $KUBELET_VERSION == "$K8S_VERSION" ]] && control_plane+=(kubelet)
+  [[ $KUBE_PROXY_VERSION == "$K8S_VERSION" ]] && control_plane+=(kube-proxy)
+  build_k8s "$K8S_VERSION" "${control_plane[@]}"
+  if [[ $KUBELET_VERSION == "$KUBE_PROXY_VERSION" && $KUBELET_VERSION != "$K8S_VERSION" ]]; then
+    build_k8s "$KUBELET_VERSION" kubelet kube-proxy
+  else
+    [[ $KUBELET_VERSION == "$K8S_VERSION" ]] || build_k8s "$KUBELET_VERSION" kubelet
+    [[ $KUBE_PROXY_VERSION == "$K8S_VERSION" ]] || build_k8s "$KUBE_PROXY_VERSION" kube-proxy
   fi
   if [[ ! -x "$ETCD_BIN/etcd" ]]; then
     log "building etcd $ETCD_VERSION"
@@ -449,6 +483,8 @@ authentication:
   x509: {clientCAFile: $PKI/ca.crt}
 authorization: {mode: Webhook}
 cgroupDriver: cgroupfs
+# This machine mounts cgroup v1, which kubelets from 1.35 refuse unless told otherwise.
+failCgroupV1: false
 containerRuntimeEndpoint: unix://$CTR_SOCK
 clusterDomain: cluster.local
 clusterDNS: [$GATEWAY]
@@ -643,6 +679,7 @@ start_apiserver() {
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --enable-aggregator-routing=true \
+    --feature-gates="$FEATURE_GATES" --runtime-config="$RUNTIME_CONFIG" \
     --profiling=false --v=1
   wait_for 120 kube-apiserver kc get --raw /readyz
 }
@@ -655,12 +692,12 @@ start_controllers() {
     --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" --cluster-cidr="$CLUSTER_CIDR" --allocate-node-cidrs=false \
-    --controllers='*' --concurrent-gc-syncs=10 --profiling=false --v=1
+    --controllers='*' --concurrent-gc-syncs=10 --feature-gates="$FEATURE_GATES" --profiling=false --v=1
   start_daemon kube-scheduler "$K8S_BIN/kube-scheduler" \
     --kubeconfig="$CONF/scheduler.kubeconfig" \
     --authentication-kubeconfig="$CONF/scheduler.kubeconfig" \
     --authorization-kubeconfig="$CONF/scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --leader-elect=false --profiling=false --v=1
+    --bind-address=127.0.0.1 --leader-elect=false --feature-gates="$FEATURE_GATES" --profiling=false --v=1
 }
 apply_cluster_objects() {
   kc apply -f - >/dev/null <<EOF
@@ -706,10 +743,10 @@ EOF
 
 # ---------------------------------------------------------------- node
 start_node() {
-  start_daemon kubelet "$K8S_BIN/kubelet" --config="$CONF/kubelet.yaml" \
+  start_daemon kubelet "$KUBELET_BIN" --config="$CONF/kubelet.yaml" \
     --kubeconfig="$CONF/kubelet.kubeconfig" --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" \
     --root-dir="$STATE/kubelet" --v=1
-  start_daemon kube-proxy "$K8S_BIN/kube-proxy" --config="$CONF/kube-proxy.yaml" --v=1
+  start_daemon kube-proxy "$KUBE_PROXY_BIN" --config="$CONF/kube-proxy.yaml" --v=1
   start_daemon coredns "$COREDNS_BIN/coredns" -conf "$CONF/Corefile"
   start_daemon hostpath-provisioner "$(hpp_bin)" --kubeconfig="$CONF/provisioner.kubeconfig" \
     --root="$STATE/volumes"
@@ -986,8 +1023,10 @@ delete_kueue() {  # uninstall: webhooks first (pod creation must never hit a mis
 }
 
 # ---------------------------------------------------------------- commands
+cluster_stale() { [[ -f $STAMP_FILE && "$(cat "$STAMP_FILE")" != "$CLUSTER_STAMP" ]]; }
 cluster_ok() {
   local d
+  [[ -f $STAMP_FILE && "$(cat "$STAMP_FILE")" == "$CLUSTER_STAMP" ]] || return 1
   for d in "${DAEMONS[@]}"; do running "$d" || return 1; done
   kc get --raw /readyz >/dev/null 2>&1 && kc wait --for=condition=Ready "node/$NODE_NAME" --timeout=5s >/dev/null 2>&1
 }
@@ -1017,7 +1056,12 @@ cmd_up() {
   fi
   # Kueue's build is the long pole of a cold start: it runs beside everything else (its log says how it went)
   if ((kueue)) && [[ ! -x "$KUEUE_DIR/kueue" ]]; then build_kueue & kueue_build=$!; fi
-  if [[ -d "$STATE" ]]; then log "cleaning an earlier, incomplete cluster"; LOCKED=1 cmd_down; fi
+  if cluster_stale; then
+    log "the running cluster was started as '$(cat "$STAMP_FILE")', not '$CLUSTER_STAMP': replacing it"
+    LOCKED=1 cmd_down
+  elif [[ -d "$STATE" ]]; then
+    log "cleaning an earlier, incomplete cluster (or one started by an older local-cluster.sh)"; LOCKED=1 cmd_down
+  fi
   NODE_IP="$(node_ip)"; [[ -n "$NODE_IP" ]] || die "cannot find this host's IP"
   stage packages install_packages
   stage binaries build_binaries
@@ -1042,7 +1086,9 @@ cmd_up() {
     fi
     stage kueue install_kueue
   fi
-  log "cluster up in $((SECONDS - T_START))s: node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION"
+  echo "$CLUSTER_STAMP" >"$STAMP_FILE"
+  log "cluster up in $((SECONDS - T_START))s: node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION" \
+    "(kubelet $KUBELET_VERSION, kube-proxy $KUBE_PROXY_VERSION; feature gates $FEATURE_GATES)"
   cmd_env
 }
 cmd_down() {
@@ -1080,6 +1126,8 @@ cmd_status() {
     if running "$d"; then echo "$d: running (pid $(pid_of "$d"))"; else echo "$d: stopped"; rc=1; fi
   done
   if running kwok; then echo "kwok: running (pid $(pid_of kwok))"; fi
+  if [[ -f $STAMP_FILE ]]; then echo "started as: $(cat "$STAMP_FILE")"; fi
+  if cluster_stale; then echo "this script wants: $CLUSTER_STAMP (up replaces the cluster)"; fi
   if ((rc == 0)) && kc get --raw /readyz >/dev/null 2>&1; then
     kc get nodes -o wide
   else

@@ -56,7 +56,7 @@ def pytest_runtest_makereport(item, call):
                 if about:
                     report.sections.append((f"operator {pod.metadata.name} log about {namespace}", "\n".join(about)))
             for pod in cluster.core.list_namespaced_pod(namespace).items:  # what the training programs saw
-                log = cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=40)
+                log = cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=40) or ""
                 report.sections.append((f"pod {pod.metadata.name} log (last 40 lines)", log))
     return report
 
@@ -162,7 +162,8 @@ def create(cluster: Cluster, namespace: str, job: dict) -> dict:
 def progress(cluster: Cluster, namespace: str, pod: str) -> list[dict]:
     """The trainer's progress records in a pod's log so far."""
     try:
-        text = cluster.core.read_namespaced_pod_log(pod, namespace)
+        # None, not "", for a pod not scheduled yet: the API server answers 204 there, which client 37 reads as None
+        text = cluster.core.read_namespaced_pod_log(pod, namespace) or ""
     except ApiException:
         return []
     return [r for r in map(jobctl.progress_line, text.splitlines()) if r]

@@ -131,6 +131,9 @@ def test_an_evicted_worker_restarts_the_group_without_ever_queueing(installed, n
     cluster = installed
     job = submit(cluster, namespace, sleeper("mwms", queue, 20))
     wait_for(lambda: running(cluster, namespace, "mwms", 2), 120, "mwms Running", interval=0.2)
+    # Kueue writes the ClusterQueue's usage after the admission, on its own schedule: on 1.37 the pods ran first and
+    # the watch below began with the 0 GPUs of before the admission (2 a quarter of a second later).
+    wait_for(lambda: queue.gpus_in_use() == 2, 30, "the ClusterQueue's status to count mwms's 2 GPUs", interval=0.1)
     workload = queue.workload(job)
     seen: dict[str, set] = {"phases": set(), "workloads": set(), "gpus": set()}
     stop = threading.Event()

@@ -36,7 +36,8 @@ def container(*args: str) -> dict:
 
 def log(cluster, namespace: str, pod: str) -> list[str]:
     try:
-        return cluster.core.read_namespaced_pod_log(pod, namespace).splitlines()
+        # (None for a pod not scheduled yet: client 37 reads the API server's 204 so)
+        return (cluster.core.read_namespaced_pod_log(pod, namespace) or "").splitlines()
     except ApiException:
         return []
 

@@ -242,15 +242,15 @@ def test_the_crd_rejects_bad_jobs_before_the_operator_sees_them(cluster, namespa
     with pytest.raises(ApiException) as error:
         cluster.create_job(namespace, "two-chiefs", spec)
     assert error.value.status == 422
-    assert "at most one chief" in error.value.body.decode()
+    assert "at most one chief" in error.value.body
     spec = mwms_spec()
     spec["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0].pop("image")
     with pytest.raises(ApiException) as error:
         cluster.create_job(namespace, "no-image", spec)
-    assert "image" in error.value.body.decode()
+    assert "image" in error.value.body
     with pytest.raises(ApiException) as error:
         cluster.create_job(namespace, "n" * 60, mwms_spec())
-    assert "too long" in error.value.body.decode()
+    assert "too long" in error.value.body
 
 
 def test_a_job_the_operator_cannot_run_fails_with_a_reason_and_no_pods(cluster, namespace):

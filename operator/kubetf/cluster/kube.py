@@ -7,6 +7,7 @@ the API server refuses is classified (`refusal`) so the job can say why instead 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -66,6 +67,16 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, ApiException):
         return error.status == 429 or (error.status or 0) >= 500 or error.status == 0
     return isinstance(error, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+def unchecked(method: Any) -> Any:
+    """A generated API method without the client's own check of its arguments. Since client 37 each method checks
+    them against its models first (pydantic): a pod with a number for a quantity (`nvidia.com/gpu: 1`, which the
+    API server takes), a field newer than the client's models, or no read timeout for a followed log raised a
+    ValidationError before anything was sent, one without a status code, so neither classified nor reported. The
+    API server is the judge of an object, as it was for every client before 37."""
+    raw = getattr(getattr(method, "__func__", None), "__wrapped__", None)
+    return functools.partial(raw, method.__self__) if raw is not None else method
 
 
 def _message(error: ApiException) -> str:
@@ -160,7 +171,7 @@ class Kube:
             raise NotLeader(f"{verb} {resource}: this operator does not hold the leader lease")
         metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
         try:
-            response = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+            response = unchecked(fn)(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
         except ApiException as error:
             metrics.API_ERRORS.labels(verb=verb, resource=resource, code=str(error.status)).inc()
             raise
@@ -420,10 +431,7 @@ class Kube:
         """The resources the API server serves in `group_version` (API discovery); None when it serves no such
         group version."""
         try:
-            found = self._call(
-                "get", "discovery", self.api_client.call_api, f"/apis/{group_version}", "GET",
-                auth_settings=["BearerToken"], _return_http_data_only=True,
-            )  # fmt: skip
+            found = self._call("get", "discovery", self._get_path, f"/apis/{group_version}", [])
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -512,10 +520,9 @@ class Kube:
         Raises `NotServed` where the cluster does not serve it to the operator."""
         try:
             result = self._call(
-                "get", "pendingworkloads", self.api_client.call_api,
-                f"/apis/{kueue.VISIBILITY_GROUP}/{kueue.VISIBILITY_VERSION}/{path}/pendingworkloads", "GET",
-                query_params=[("offset", offset), ("limit", limit)], auth_settings=["BearerToken"],
-                _return_http_data_only=True,
+                "get", "pendingworkloads", self._get_path,
+                f"/apis/{kueue.VISIBILITY_GROUP}/{kueue.VISIBILITY_VERSION}/{path}/pendingworkloads",
+                [("offset", offset), ("limit", limit)],
             )  # fmt: skip
         except ApiException as error:
             if error.status in (403, 404, 503):
@@ -523,6 +530,18 @@ class Kube:
             raise
         items: list[Obj] = (result or {}).get("items") or []
         return items
+
+    def _get_path(self, path: str, query: list[tuple[str, Any]], _preload_content: bool, _request_timeout: Any) -> Any:
+        """GET a path no generated method has (API discovery, an aggregated API): the raw response, as `_call` expects
+        it. (The client's call_api takes a serialized request since 37, and returns any status.)"""
+        request = self.api_client.param_serialize(
+            "GET", path, query_params=query, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
+        )
+        response = self.api_client.call_api(*request, _request_timeout=_request_timeout)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return response
 
     def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
         """Kueue's Workloads (namespace "": all), page by page; none where Kueue is not installed or not readable."""
@@ -567,7 +586,7 @@ class Kube:
         # Followed, no read timeout: the log may be quiet for as long as the program is (the client's own types
         # do not say a None read timeout, which urllib3 takes).
         timeout: Any = (self.timeout[0], None) if follow else self.timeout
-        return self.core.read_namespaced_pod_log(
+        return unchecked(self.core.read_namespaced_pod_log)(
             name, namespace, container=container, follow=follow, _preload_content=False, _request_timeout=timeout
         )
 

@@ -146,7 +146,7 @@ class Controller:
             for api_version in GANG_APIS:
                 for items, _ in self.kube.pod_group_pages(namespace, api_version):
                     for group in filter(serves, items):
-                        self.store.put_pod_group(group)
+                        self.store.put_pod_group(listed_item(group, api_version))
         self.requeue_all()
         for key in self.store.pod_jobs():  # pods of a job deleted while no operator ran: Kueue's finalizer
             if self.store.job(key) is None:
@@ -226,7 +226,7 @@ class Controller:
                     meta = group.get("metadata") or {}
                     listed.add(((meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or ""),
                                 meta.get("name") or ""))  # fmt: skip
-                    key = self.store.put_pod_group(group)
+                    key = self.store.put_pod_group(listed_item(group, api_version))
                     if key is not None:
                         self.queue.add(key, NORMAL)
             if version:
@@ -436,6 +436,13 @@ class Controller:
         final = self.executor.carry_out(key, seen, plan)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         return final
+
+
+def listed_item(obj: Mapping[str, Any], api_version: str) -> Mapping[str, Any]:
+    """An item of a list, with the apiVersion the list's items of a built-in API lack (a custom resource's carry it):
+    the native PodGroups (scheduling.k8s.io) were kept without one, and deleting a stale one failed every reconcile
+    of its job ('NoneType' object has no attribute 'split')."""
+    return obj if obj.get("apiVersion") else {**obj, "apiVersion": api_version}
 
 
 def _says_failing(job: Mapping[str, Any] | None) -> bool:
