@@ -25,6 +25,9 @@
 #   local-cluster.sh kueue-delete   uninstall Kueue (webhook configurations first; strips Kueue's finalizers from
 #                              its objects and pods, deletes its CRDs and so every ClusterQueue, LocalQueue, Workload)
 #   local-cluster.sh kueue-build    only build/cache Kueue's binary and the image kubetf/kueue:<version>
+#   local-cluster.sh volcano   install Volcano's scheduler and queue-controller in volcano-system (version:
+#                              tests/cluster/volcano/wrapper/go.mod; builds and caches them first); idempotent;
+#                              volcano-delete uninstalls (CRDs too: every PodGroup and Queue); volcano-build only builds
 #   local-cluster.sh apiserver-restart [--down SECONDS]   stop kube-apiserver (SIGTERM, as a control-plane upgrade
 #                              does), keep it stopped SECONDS (default 0), start it again as `up` did, then restart
 #                              the cluster's other components (not the operator) so that none is left in a reconnect
@@ -1022,6 +1025,89 @@ delete_kueue() {  # uninstall: webhooks first (pod creation must never hit a mis
   log "Kueue deleted"
 }
 
+# ---------------------------------------------------------------- Volcano
+# vc-scheduler and vc-controller-manager (its queue-controller only) in volcano-system, built from the Go module proxy
+# through the wrapper module tests/cluster/volcano/wrapper/ (THE Volcano version: its `require volcano.sh/volcano`
+# line; see tests/cluster/README.md for why that version), cached in $VOLCANO_DIR with the CRDs they watch. The
+# manifests (RBAC, Deployments) and the scheduler's configuration are tests/cluster/volcano/. No webhooks: nothing
+# here can block the creation of anyone's pods.
+VOLCANO_VERSION="$(grep -oE '^require volcano\.sh/volcano v[0-9]+\.[0-9]+\.[0-9]+$' "$HERE/volcano/wrapper/go.mod" | cut -d' ' -f3)"
+VOLCANO_REV=1   # bump when the recipe changes (volcano/wrapper/, the CRD list, the image): a new cache key
+VOLCANO_DIR="$CACHE/volcano-$VOLCANO_VERSION-$VOLCANO_REV"   # vc-scheduler, vc-controller-manager, crd/
+VOLCANO_IMAGE="kubetf/volcano:$VOLCANO_VERSION"
+VOLCANO_NS=volcano-system
+build_volcano() {
+  [[ -x "$VOLCANO_DIR/vc-scheduler" && -x "$VOLCANO_DIR/vc-controller-manager" && -d "$VOLCANO_DIR/crd" ]] && return 0
+  [[ -n $VOLCANO_VERSION ]] || die "no Volcano version in $HERE/volcano/wrapper/go.mod"
+  command -v go >/dev/null || die "go is needed to build Volcano"
+  mkdir -p "$CACHE/logs"
+  log "building Volcano $VOLCANO_VERSION (cold: ~4 min on 2 cores; log $CACHE/logs/volcano-build.log)"
+  local t0=$SECONDS
+  "$HERE/volcano/wrapper/build.sh" "$VOLCANO_DIR" >"$CACHE/logs/volcano-build.log" 2>&1 \
+    || die "Volcano build failed: $CACHE/logs/volcano-build.log"
+  log "built Volcano $VOLCANO_VERSION in $((SECONDS - t0))s"
+}
+build_volcano_image() {  # kubetf/volcano:<version>: both static binaries FROM scratch; the Deployments pick one
+  start_docker
+  build_volcano
+  local stamp; stamp="$VOLCANO_VERSION-$VOLCANO_REV-$(stat -c %s-%Y "$VOLCANO_DIR/vc-scheduler" "$VOLCANO_DIR/vc-controller-manager" | paste -sd-)"
+  [[ "$(image_label "$VOLCANO_IMAGE" io.kubetf.version)" == "$stamp" ]] && return 0
+  local ctx; ctx="$(mktemp -d)"
+  cp "$VOLCANO_DIR/vc-scheduler" "$VOLCANO_DIR/vc-controller-manager" "$ctx/"
+  printf 'FROM scratch\nCOPY vc-scheduler vc-controller-manager /\nLABEL io.kubetf.version=%s\nUSER 65532:65532\n' \
+    "$stamp" >"$ctx/Dockerfile"
+  DOCKER_BUILDKIT=0 docker build -q -t "$VOLCANO_IMAGE" "$ctx" >/dev/null 2>"$CACHE/logs/volcano-image.log" \
+    || { rm -rf "$ctx"; die "Volcano image build failed: $CACHE/logs/volcano-image.log"; }
+  rm -rf "$ctx"
+  log "built $VOLCANO_IMAGE"
+}
+volcano_render() {  # the manifests on stdout: CRDs, then tests/cluster/volcano/volcano.yaml and the scheduler's ConfigMap
+  local id hash f
+  id="$(docker image inspect -f '{{.Id}}' "$VOLCANO_IMAGE" 2>/dev/null || true)"
+  hash="$(sha256sum "$HERE/volcano/scheduler.conf" | cut -c1-16)"
+  for f in "$VOLCANO_DIR"/crd/*.yaml; do printf -- '---\n'; sed '/^---$/d' "$f"; done
+  printf -- '---\n'
+  sed -e "s|@IMAGE@|$VOLCANO_IMAGE|g" -e "s|@IMAGE_ID@|${id:-none}|g" -e "s|@CONF_HASH@|$hash|g" "$HERE/volcano/volcano.yaml"
+  printf -- '---\n'
+  kc create configmap volcano-scheduler-configmap -n "$VOLCANO_NS" --dry-run=client -o yaml \
+    --from-file=volcano-scheduler.conf="$HERE/volcano/scheduler.conf"
+}
+volcano_queue_open() { [[ "$(kc get queues.scheduling.volcano.sh default -o jsonpath='{.status.state}')" == Open ]]; }
+install_volcano() {  # idempotent: apply (server-side); returns once both pods run and the default queue is Open
+  build_volcano_image
+  load_images "$VOLCANO_IMAGE"
+  mkdir -p "$CONF"
+  local manifests="$CONF/volcano.yaml"
+  volcano_render >"$manifests.tmp" || die "could not render Volcano's manifests"
+  mv "$manifests.tmp" "$manifests"
+  kc apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f "$manifests" >/dev/null
+  kc wait --for=condition=Established --timeout=60s -f "$VOLCANO_DIR/crd" >/dev/null
+  local d
+  for d in volcano-scheduler volcano-controllers; do
+    kc -n "$VOLCANO_NS" rollout status "deployment/$d" --timeout=300s >/dev/null \
+      || die "Volcano's $d did not become ready (kubectl -n $VOLCANO_NS logs deploy/$d)"
+  done
+  # vc-scheduler creates the root and default queues at start; the queue-controller opens them. (Full name: Kueue's
+  # LocalQueue also answers to `queue`.)
+  wait_for 120 "Volcano's default queue to be Open" volcano_queue_open
+  log "Volcano $VOLCANO_VERSION ready in $VOLCANO_NS (scheduler name volcano, queue default Open)"
+}
+delete_volcano() {  # uninstall: the controllers, then the CRDs (every PodGroup, Queue, ...), then the rest
+  local manifests="$CONF/volcano.yaml"
+  if [[ ! -s $manifests ]]; then
+    build_volcano
+    mkdir -p "$CONF"; volcano_render >"$manifests" || die "could not render Volcano's manifests"
+  fi
+  kc -n "$VOLCANO_NS" delete deployment volcano-scheduler volcano-controllers --ignore-not-found --wait=true >/dev/null
+  kc delete --ignore-not-found --wait=true --timeout=120s -f "$manifests" >/dev/null
+  local left
+  left="$(kc get pods -A -o jsonpath='{range .items[?(@.spec.schedulerName=="volcano")]}{.metadata.namespace}/{.metadata.name} {.spec.nodeName}{"\n"}{end}' \
+    | awk 'NF == 1 {print $1}')"
+  [[ -z $left ]] || log "pods left for Volcano to place (nobody will now): ${left//$'\n'/ }"
+  rm -f "$manifests"
+  log "Volcano deleted"
+}
+
 # ---------------------------------------------------------------- commands
 cluster_stale() { [[ -f $STAMP_FILE && "$(cat "$STAMP_FILE")" != "$CLUSTER_STAMP" ]]; }
 cluster_ok() {
@@ -1200,6 +1286,9 @@ case "${1:-}" in
     if (($# == 2)); then stage kueue-delete delete_kueue; else stage kueue install_kueue; fi ;;
   kueue-delete) cluster_ok || die "the cluster is not up"; lock; stage kueue-delete delete_kueue ;;
   kueue-build) stage kueue-build build_kueue_image ;;
+  volcano) cluster_ok || die "the cluster is not up (local-cluster.sh up first)"; lock; stage volcano install_volcano ;;
+  volcano-delete) cluster_ok || die "the cluster is not up"; lock; stage volcano-delete delete_volcano ;;
+  volcano-build) stage volcano-build build_volcano_image ;;
   apiserver-restart) shift; cmd_apiserver_restart "$@" ;;
-  *) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
