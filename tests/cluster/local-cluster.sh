@@ -1290,5 +1290,5 @@ case "${1:-}" in
   volcano-delete) cluster_ok || die "the cluster is not up"; lock; stage volcano-delete delete_volcano ;;
   volcano-build) stage volcano-build build_volcano_image ;;
   apiserver-restart) shift; cmd_apiserver_restart "$@" ;;
-  *) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
