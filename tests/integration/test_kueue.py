@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
 
 import pytest
 from kubernetes import watch
@@ -233,29 +232,44 @@ def plain_pod_group(cluster, namespace: str, queue: Queue, group: str) -> dict:
     return running
 
 
-def workload_deletions(cluster, namespace: str) -> tuple[list[str], Any]:
-    """The Workloads deleted in the namespace from now on (a watch: a negative check over its whole window)."""
-    deleted: list[str] = []
-    listed = cluster.custom.list_namespaced_custom_object(kueue.GROUP, kueue.VERSION, namespace, "workloads")
-    stream = watch.Watch()
+class WorkloadDeletions:
+    """The Workloads deleted in the namespace from now until `stop` (a watch: a negative check over its whole
+    window; `stop` fails the test when the watch ended early, and a deletion may have gone unseen)."""
 
-    def record() -> None:
-        for event in stream.stream(
-            cluster.custom.list_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace, "workloads",
-            resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=300,
-        ):  # fmt: skip
-            if event["type"] == "DELETED":
-                deleted.append(event["object"]["metadata"]["name"])
+    def __init__(self, cluster, namespace: str) -> None:
+        self.deleted: list[str] = []
+        self.ended_early: BaseException | str | None = None
+        self.stopping = threading.Event()
+        listed = cluster.custom.list_namespaced_custom_object(kueue.GROUP, kueue.VERSION, namespace, "workloads")
+        self.stream = watch.Watch()
+        args = (cluster.custom.list_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace, "workloads")
+        version = listed["metadata"]["resourceVersion"]
+        self.thread = threading.Thread(target=self._record, args=(args, version), daemon=True)
+        self.thread.start()
 
-    threading.Thread(target=record, daemon=True).start()
-    return deleted, stream
+    def _record(self, args: tuple, version: str) -> None:
+        try:
+            for event in self.stream.stream(*args, resource_version=version, timeout_seconds=300):
+                if event["type"] == "DELETED":
+                    self.deleted.append(event["object"]["metadata"]["name"])
+            if not self.stopping.is_set():
+                self.ended_early = "the watch timed out"
+        except Exception as error:
+            if not self.stopping.is_set():
+                self.ended_early = error
+
+    def stop(self) -> list[str]:
+        self.stopping.set()
+        self.stream.stop()
+        assert self.ended_early is None, f"the Workloads' watch ended before the window did: {self.ended_early}"
+        return self.deleted
 
 
 def test_another_teams_pod_group_named_like_the_job_and_its_pod_survive_the_jobs_end(cluster, namespace, queue):
     # The review's finding: a job `bert` that ended deleted the Workload `bert-finetune` (any `<job>-<8 characters>`
     # was taken for its own group), and Kueue then took the other team's running pod away.
     foreign = plain_pod_group(cluster, namespace, queue, "bert-finetune")
-    deleted, stream = workload_deletions(cluster, namespace)
+    deletions = WorkloadDeletions(cluster, namespace)
     try:
         job = cluster.create_job(namespace, "bert", {"strategy": "MultiWorkerMirrored", "replicaSpecs": {
             "worker": replica(1)}}, **labelled(queue))  # fmt: skip
@@ -275,7 +289,7 @@ def test_another_teams_pod_group_named_like_the_job_and_its_pod_survive_the_jobs
             kueue.GROUP, kueue.VERSION, namespace, "workloads", "bert-finetune"
         )
     finally:
-        stream.stop()
+        deleted = deletions.stop()
         # The other team's pod goes at the end of the test (its own, not the operator's: the test plays that team).
         name = foreign["metadata"]["name"]
         cluster.core.patch_namespaced_pod(name, namespace, {"metadata": {"finalizers": None}})
@@ -296,13 +310,13 @@ def test_two_jobs_whose_names_share_54_characters_keep_their_own_workloads(clust
         cluster.run_all(namespace, name, 1)
         cluster.wait_phase(namespace, name, "Running")
     kept = queue.workload(jobs[names[1]])
-    deleted, stream = workload_deletions(cluster, namespace)
+    deletions = WorkloadDeletions(cluster, namespace)
     try:
         cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", names[0])
         wait_for(lambda: not cluster.pods(namespace, names[0]), 30, "the first job's pods gone")
         wait_for(lambda: queue.workload(jobs[names[0]]) is None, 30, "the first job's Workload gone")
     finally:
-        stream.stop()
+        deleted = deletions.stop()
     assert kueue.group_name(jobs[names[1]]) not in deleted, deleted
     assert queue.workload(jobs[names[1]])["metadata"]["uid"] == kept["metadata"]["uid"]
     assert cluster.status(namespace, names[1])["phase"] == "Running"
