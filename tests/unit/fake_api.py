@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from kubetf.cluster.kube_api import Creation, Deletion, KubeApi, LogUnreadable, NotServed, Refused
+from kubetf.cluster.kube_api import Conflict, Creation, Deletion, KubeApi, LogUnreadable, NotServed, Refused
 from kubetf.core import api, kueue, refusals
 from kubetf.core import status as st
 from kubetf.core.refusals import Refusal
@@ -39,12 +39,13 @@ class FakeApi:
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
         self.version = itertools.count(1)
         self.uids = itertools.count(1)
-        # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue), Workloads (by name) and
-        # what its visibility API serves ("pending": ClusterQueue -> [Workload name, ...] in queue order; absent: not
-        # served). Its webhook gates and finalizes queued pods at creation; the tests play its controller (admission,
-        # eviction). The watch delivers their changes: `deliver` compares them with what it delivered before.
+        # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue), Workloads (by name, as
+        # stored), its cluster-scoped objects ("classes": (kind, name) -> WorkloadPriorityClass, PriorityClass or
+        # ResourceFlavor) and what its visibility API serves ("pending": ClusterQueue -> [Workload name, ...] in
+        # queue order; absent: not served). The tests play its controller (admission, eviction). The watch delivers
+        # their changes: `deliver` compares them with what it delivered before.
         self.kueue: dict[str, Any] | None = None
-        self.kueue_seen: dict[tuple[str, str], str] = {}  # (kind, name) -> the JSON last delivered
+        self.kueue_seen: dict[tuple[str, str], tuple[str, dict]] = {}  # (kind, name) -> what was last delivered
         self.served: dict[str, set[str]] = {}  # API discovery: group/version -> its resources (absent: not served)
 
     # --------------------------------------------------------------- watch
@@ -66,40 +67,46 @@ class FakeApi:
             handlers[resource](type_, obj)
 
     def _kueue_changes(self) -> None:
-        """Kueue's objects as its controller keeps them (a Workload owned by every pod of its group, moments after a
-        pod appears, unless the test froze its owners), and a watch event for each that changed."""
+        """A watch event for each of Kueue's objects that changed since the last delivery (the operator's Workloads
+        only: its watch selects its label)."""
         current: dict[tuple[str, str], dict] = {}
         for name, cluster_queue in (self.kueue or {}).get("queues", {}).items():
-            meta = {"name": name, "namespace": self.namespace}
+            meta = {"name": name, "namespace": self.namespace, "resourceVersion": "1"}
             current[("localqueues", name)] = {"metadata": meta, "spec": {"clusterQueue": cluster_queue}}
-        for name in (self.kueue or {}).get("workloads", {}):
-            current[("workloads", name)] = self._workload(name)
+        for name, workload in (self.kueue or {}).get("workloads", {}).items():
+            if workload["metadata"].get("labels", {}).get(api.LABEL_MANAGED_BY) == api.MANAGER:
+                current[("workloads", name)] = copy.deepcopy(workload)
         for (kind, name), obj in current.items():
             encoded = repr(obj)
-            if self.kueue_seen.get((kind, name)) != encoded:
+            if self.kueue_seen.get((kind, name), ("", {}))[0] != encoded:
                 type_ = "MODIFIED" if (kind, name) in self.kueue_seen else "ADDED"
-                self.kueue_seen[(kind, name)] = encoded
-                obj["metadata"]["resourceVersion"] = str(next(self.version))
+                self.kueue_seen[(kind, name)] = (encoded, obj)
                 self._emit(kind, type_, obj)
         for kind, name in [k for k in self.kueue_seen if k not in current]:
-            del self.kueue_seen[(kind, name)]
-            self._emit(kind, "DELETED", {"metadata": {"name": name, "namespace": self.namespace}})
+            self._emit(kind, "DELETED", self.kueue_seen.pop((kind, name))[1])
 
     @property
     def namespace(self) -> str:
         return next((key[0] for key in self.jobs), "team-a")
 
-    def _workload(self, name: str) -> dict:
+    def workload(self, name: str | None = None) -> dict:
+        """The stored Workload of that name (the only one when None), to read or to change as Kueue does (then
+        `kueue_wrote`)."""
         assert self.kueue is not None
-        found = copy.deepcopy(self.kueue["workloads"][name])
-        meta = found.setdefault("metadata", {"name": name})
-        meta.setdefault("namespace", self.namespace)
-        meta.setdefault("uid", f"workload-{name}")
-        meta["annotations"] = {kueue.GROUP_WORKLOAD_ANNOTATION: "true"}
-        if "ownerReferences" not in meta:
-            group = [p for p in self.pods.values() if p["metadata"]["labels"].get(kueue.GROUP_LABEL) == name]
-            meta["ownerReferences"] = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in group]
-        return found
+        workloads = self.kueue["workloads"]
+        if name is None:
+            assert len(workloads) == 1, list(workloads)
+            name = next(iter(workloads))
+        return workloads[name]
+
+    def kueue_wrote(self, workload: dict) -> None:
+        """Kueue changed a stored Workload in place: its version moves; once deleted and without finalizers, it is
+        gone."""
+        self._bump(workload)
+        meta = workload["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            assert self.kueue is not None
+            del self.kueue["workloads"][meta["name"]]
 
     def _bump(self, obj: dict) -> None:
         obj["metadata"]["resourceVersion"] = str(next(self.version))
@@ -168,13 +175,40 @@ class FakeApi:
             self._emit("jobs", "DELETED", job)
         return job is not None
 
-    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
-        self.calls.append(f"delete workload {name}")
-        workloads = (self.kueue or {}).get("workloads", {})
-        if name not in workloads or self._workload(name)["metadata"]["uid"] != uid:
-            return False
-        del workloads[name]
-        return True
+    def get_workload(self, namespace: str, name: str) -> Obj | None:
+        self.calls.append("get Workload")
+        found = (self.kueue or {}).get("workloads", {}).get(name)
+        return copy.deepcopy(found) if found is not None else None
+
+    def get_cluster_object(self, kind: str, name: str) -> Obj | None:
+        self.calls.append(f"get {kind}")
+        found = (self.kueue or {}).get("classes", {}).get((kind, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def write_workload(self, write: kueue.WorkloadWrite, resource_version: str) -> Obj | None:
+        meta = write.workload["metadata"]
+        self.calls.append(f"write Workload {write.part}")
+        stored = (self.kueue or {}).get("workloads", {}).get(meta["name"])
+        if stored is None or stored["metadata"]["uid"] != meta["uid"]:
+            return None
+        if stored["metadata"]["resourceVersion"] != resource_version:
+            raise Conflict(f"Workload {meta['name']} changed since version {resource_version}")
+        if write.part == "unfinalize":
+            stored["metadata"]["finalizers"] = [f for f in stored["metadata"].get("finalizers") or []
+                                                if f != kueue.FINALIZER]  # fmt: skip
+        else:
+            patch = copy.deepcopy(write.patch)
+            patch.get("metadata", {}).pop("resourceVersion", None)
+            if write.part == "status":
+                stored["status"] = _apply(stored.get("status") or {}, patch["status"])
+            else:
+                for part in ("metadata", "spec"):
+                    if part in patch:
+                        stored[part] = _apply(stored.get(part) or {}, patch[part])
+        written = copy.deepcopy(stored)
+        self.kueue_wrote(stored)
+        written["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"]
+        return written
 
     def delete_object(self, obj: Obj) -> bool:
         name = obj["metadata"]["name"]
@@ -218,7 +252,11 @@ class FakeApi:
     def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
         self.calls.append("list workloads")
         if self.kueue is not None:
-            yield [self._workload(name) for name in self.kueue["workloads"]], next(self.version)
+            ours = [
+                copy.deepcopy(w) for w in self.kueue["workloads"].values()
+                if w["metadata"].get("labels", {}).get(api.LABEL_MANAGED_BY) == api.MANAGER
+            ]  # fmt: skip
+            yield ours, next(self.version)
 
     def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
         self.calls.append("list localqueues")
@@ -268,6 +306,18 @@ class FakeApi:
         for i, obj in enumerate(objects):
             name = obj["metadata"]["name"]
             self.calls.append(f"create {obj['kind']}")
+            if obj["kind"] == "Workload" and obj["apiVersion"].startswith(f"{kueue.GROUP}/"):
+                assert self.kueue is not None, "no Kueue API: the create would fail"
+                if name not in self.kueue["workloads"]:
+                    stored = copy.deepcopy(obj)
+                    stored["metadata"]["uid"] = f"uid-{next(self.uids)}"
+                    stored["metadata"]["generation"] = 1
+                    stored["metadata"]["creationTimestamp"] = st.format_time(self.clock())
+                    stored["spec"].setdefault("active", True)
+                    self._bump(stored)
+                    self.kueue["workloads"][name] = stored
+                    result.created.append(copy.deepcopy(stored))
+                continue
             if obj["kind"] != "Pod":
                 if (obj["kind"], name) not in self.others:
                     stored = copy.deepcopy(obj)
@@ -298,9 +348,6 @@ class FakeApi:
         pod["metadata"]["uid"] = f"uid-{next(self.uids)}"
         pod["metadata"]["creationTimestamp"] = st.format_time(self.clock())
         pod["status"] = {"phase": "Pending"}
-        if self.kueue is not None and kueue.QUEUE_LABEL in pod["metadata"]["labels"]:
-            pod["spec"]["schedulingGates"] = [{"name": kueue.GATE}]
-            pod["metadata"]["finalizers"] = [kueue.FINALIZER]
         self._bump(pod)
         self.pods[pod["metadata"]["name"]] = pod
         self._emit("pods", "ADDED", pod)
@@ -334,21 +381,15 @@ class FakeApi:
             raise result.failed[0][1]
         return not result.gone
 
-    def mark_unretriable(self, pods: list[Obj]) -> None:
-        for pod in pods:
-            self.calls.append("mark unretriable")
-            current = self.pods.get(pod["metadata"]["name"])
-            if current is not None and current["metadata"]["uid"] == pod["metadata"]["uid"]:
-                current["metadata"].setdefault("annotations", {})[kueue.RETRIABLE_ANNOTATION] = "false"
-                self.update_pod(current["metadata"]["name"])
-
     def release_pods(self, pods: list[Obj]) -> None:
         for pod in pods:
             self.calls.append("release")
             current = self.pods.get(pod["metadata"]["name"])
             if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
                 continue
-            current["metadata"]["finalizers"] = [f for f in current["metadata"]["finalizers"] if f != kueue.FINALIZER]
+            current["metadata"]["finalizers"] = [
+                f for f in current["metadata"]["finalizers"] if f != kueue.POD_FINALIZER
+            ]
             if current["metadata"].get("deletionTimestamp") and not current["metadata"]["finalizers"]:
                 self.remove_pod(current["metadata"]["name"])
             else:

@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client
 
 from kubetf.cluster.kube import Kube, NotLeader
+from kubetf.core import kueue
 from kubetf.core.config import DEFAULTS, OperatorConfig
 from kubetf.runtime.controller import NORMAL, RESYNC, URGENT, Controller
 from tests.cluster.fixture import wait_for
@@ -271,10 +272,11 @@ def test_a_write_whose_rate_limiter_wait_outlasts_the_lease_is_not_sent():
     assert sent == []
 
 
-def test_every_write_is_guarded_workload_deletes_and_events_too():
+def test_every_write_is_guarded_workload_writes_and_events_too():
     kube = Kube(qps=100, burst=100, may_write=lambda: False)
+    workload = {"metadata": {"name": "trainingjob-mnist-12345", "namespace": "team-a", "uid": "u"}}
     with pytest.raises(NotLeader):
-        kube.delete_workload("team-a", "mnist-00000001", "uid")
+        kube.write_workload(kueue.WorkloadWrite(workload, "status", {"status": {"conditions": []}}), "1")
     with pytest.raises(NotLeader):
         kube.event({"metadata": {"name": "mnist", "namespace": "team-a"}}, "Normal", "Test", "test")
 

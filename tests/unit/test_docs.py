@@ -457,9 +457,11 @@ def test_kubernetes_words_are_in_the_catalog() -> None:
     scheduled = {"Unschedulable", "SchedulingGated", "SchedulerError"}
     assert set(catalog.KUBERNETES) == sets["STUCK_WAITING_REASONS"] | scheduled
     causes = sets["DISRUPTION_POD_REASONS"] | sets["NODE_REJECTION_REASONS"] | {"OutOf<resource>"}
-    # DisruptionTarget's reasons (Kubernetes) and the reasons Kueue stops a group for (its jobframework.StopReason).
+    # DisruptionTarget's reasons (Kubernetes); the reasons Kueue evicts a Workload for (its Evicted condition's,
+    # apis/kueue/v1beta2/workload_types.go) and those the operator stops a queued job for (kueue.Admission.eviction).
     causes |= {"PreemptionByScheduler", "EvictionByEvictionAPI", "DeletionByTaintManager", "DeletionByPodGC"}
-    causes |= {"TerminationByKubelet", "WorkloadEvicted", "WorkloadDeleted", "NoMatchingWorkload", "NotAdmitted"}
+    causes |= {"TerminationByKubelet", "Preempted", "PodsReadyTimeout", "AdmissionCheck", "ClusterQueueStopped"}
+    causes |= {"NodeFailures", "Deactivated", "WorkloadDeleted", "NotAdmitted", "NoWorkload"}
     assert causes <= set(catalog.CAUSES), sorted(causes - set(catalog.CAUSES))
 
 

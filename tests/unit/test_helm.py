@@ -33,18 +33,16 @@ OPERATOR_PERMISSIONS = {
     *(("kubetf.io", "trainingjobs/status", verb) for verb in ("get", "patch", "update")),
     ("kubetf.io", "trainingjobs/finalizers", "update"),
     *(("", "pods", verb) for verb in ("get", "list", "watch", "create", "delete")),
-    ("", "pods", "patch"),  # Kueue's pod groups: retriable-in-group=false at the end, its finalizer off replaced pods
+    ("", "pods", "patch"),  # Kueue's pod-integration finalizer off a deleted pod that runs nothing (docs/kueue.md)
     ("", "pods/log", "get"),  # TensorFlow's "SIGTERM caught at" line: the program ignores the SIGTERM
     *(("", "services", verb) for verb in ("get", "list", "create")),
     *(("", "persistentvolumeclaims", verb) for verb in ("get", "list", "create")),
     *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),
-    # Kueue: LocalQueues and Workloads watched, a queued job's place read from the visibility API
-    *(
-        ("kueue.x-k8s.io", resource, verb)
-        for resource in ("localqueues", "workloads")
-        for verb in ("get", "list", "watch")
-    ),
-    ("kueue.x-k8s.io", "workloads", "delete"),  # an ended job's, once no pod owns it (kubetf.core.kueue.orphaned)
+    # Kueue: LocalQueues watched; a job's Workload made, watched and written (never deleted: the garbage collector
+    # takes it with its job); a queued job's place read from the visibility API
+    *(("kueue.x-k8s.io", "localqueues", verb) for verb in ("get", "list", "watch")),
+    *(("kueue.x-k8s.io", "workloads", verb) for verb in ("get", "list", "watch", "create", "patch")),
+    ("kueue.x-k8s.io", "workloads/status", "patch"),
     # A gang's PodGroups (and Kubernetes' Workload): made, watched, an older generation's deleted (kubetf.core.gang)
     *(
         (group, resource, verb)
@@ -62,6 +60,17 @@ CLUSTER_QUEUES = {("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads"
 KOPF_CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
 KOPF_NAMESPACES = {("", "namespaces", verb) for verb in ("list", "watch")}
 NODES = {("", "nodes", "get")}  # one node at a time: has a lost node's pod to be force-deleted?
+# Cluster-scoped, one at a time: a new Workload's priority class, an admission's ResourceFlavors.
+KUEUE_CLASSES = {
+    ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
+    ("kueue.x-k8s.io", "resourceflavors", "get"),
+    ("scheduling.k8s.io", "priorityclasses", "get"),
+}
+# What the chart lets Kueue's controller do with TrainingJobs (an external framework of Kueue's, MultiKueue).
+KUEUE_READS_JOBS = {
+    *(("kubetf.io", "trainingjobs", verb) for verb in ("get", "list", "watch")),
+    *(("kubetf.io", "trainingjobs/status", verb) for verb in ("get", "patch", "update")),
+}
 TOKEN_REVIEWS = {("authentication.k8s.io", "tokenreviews", "create")}  # which pod sent a progress report
 LEASE = {("coordination.k8s.io", "leases", verb) for verb in ("create", "get", "update")}
 LEASE_ROLE = "kubetf-operator-leader-election"
@@ -244,6 +253,13 @@ def test_manifests_namespace_enforces_restricted() -> None:
 # ---------------------------------------------------------------------- RBAC
 
 
+def operator_and_kueue(objects: Iterable[Obj]) -> tuple[Obj, Obj]:
+    """The operator's ClusterRole, and the one that lets Kueue read TrainingJobs."""
+    roles = {r["metadata"]["name"]: r for r in by_kind(objects, "ClusterRole")}
+    assert set(roles) == {"kubetf-operator", "kubetf-operator-kueue"}, set(roles)
+    return roles["kubetf-operator"], roles["kubetf-operator-kueue"]
+
+
 def assert_least_privilege(roles: Iterable[Obj]) -> None:
     for role in roles:
         for rule in role.get("rules") or []:
@@ -258,8 +274,17 @@ def assert_least_privilege(roles: Iterable[Obj]) -> None:
 
 def test_clusterwide_rbac_is_exactly_what_the_operator_uses() -> None:
     objects = installed_by_kubectl()
-    role = one(objects, "ClusterRole")
-    assert permissions(role) == OPERATOR_PERMISSIONS | CLUSTER_QUEUES | KOPF_CRDS | NODES | TOKEN_REVIEWS
+    role, kueue_role = operator_and_kueue(objects)
+    assert (
+        permissions(role) == OPERATOR_PERMISSIONS | CLUSTER_QUEUES | KOPF_CRDS | NODES | TOKEN_REVIEWS | KUEUE_CLASSES
+    )
+    assert permissions(kueue_role) == KUEUE_READS_JOBS
+    kueue_binding = next(
+        b for b in by_kind(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == "kubetf-operator-kueue"
+    )
+    assert kueue_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}
+    ]
     # Namespaced: only the leader election's Lease, in the operator's own namespace, and only that one by name.
     (lease_role,) = by_kind(objects, "Role")
     assert (lease_role["metadata"]["name"], lease_role["metadata"]["namespace"]) == (LEASE_ROLE, NAMESPACE)
@@ -269,8 +294,8 @@ def test_clusterwide_rbac_is_exactly_what_the_operator_uses() -> None:
     )
     (lease_binding,) = by_kind(objects, "RoleBinding")
     assert lease_binding["roleRef"]["name"] == LEASE_ROLE
-    assert_least_privilege([role, lease_role])
-    binding = one(objects, "ClusterRoleBinding")
+    assert_least_privilege([role, lease_role, kueue_role])
+    binding = next(b for b in by_kind(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == "kubetf-operator")
     account = one(objects, "ServiceAccount")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -296,8 +321,8 @@ def test_namespaced_watching_gets_roles_and_flags(helm: str) -> None:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"][0]["namespace"] == NAMESPACE
     # Cluster-wide only what kopf needs for itself and a node read: nothing on TrainingJobs or pods.
-    cluster_role = one(objects, "ClusterRole")
-    assert permissions(cluster_role) == KOPF_CRDS | KOPF_NAMESPACES | NODES | TOKEN_REVIEWS
+    cluster_role, _ = operator_and_kueue(objects)
+    assert permissions(cluster_role) == KOPF_CRDS | KOPF_NAMESPACES | NODES | TOKEN_REVIEWS | KUEUE_CLASSES
     assert_least_privilege([*roles, cluster_role])
     args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     pairs = [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"]
@@ -503,7 +528,7 @@ def test_progress_reports_have_a_service_token_reviews_and_can_be_turned_off(hel
     assert not by_kind(off, "Service")
     (container,) = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["args"][-2:] == ["--progress-port", "0"] and "--progress-url" not in container["args"]
-    assert not TOKEN_REVIEWS & permissions(one(off, "ClusterRole"))
+    assert not TOKEN_REVIEWS & permissions(operator_and_kueue(off)[0])
 
 
 def test_a_network_policy_lets_only_training_pods_reach_the_progress_port_and_nothing_else_in(helm: str) -> None:
@@ -526,3 +551,11 @@ def test_a_network_policy_lets_only_training_pods_reach_the_progress_port_and_no
     quiet = template(helm, "--set", "progress.enabled=false")
     assert one(quiet, "NetworkPolicy")["spec"]["ingress"] == []  # nothing may come in
     assert not by_kind(template(helm, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+def test_kueues_access_to_training_jobs_can_be_left_out_or_given_to_another_account(helm: str) -> None:
+    without = template(helm, "--set", "kueue.rbac=false")
+    assert [r["metadata"]["name"] for r in by_kind(without, "ClusterRole")] == ["kubetf-operator"]
+    other = template(helm, "--set", "kueue.serviceAccount.name=kueue", "--set", "kueue.serviceAccount.namespace=queues")
+    binding = next(b for b in by_kind(other, "ClusterRoleBinding") if b["roleRef"]["name"] == "kubetf-operator-kueue")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kueue", "namespace": "queues"}]

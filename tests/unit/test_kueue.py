@@ -1,9 +1,11 @@
-"""A TrainingJob under Kueue's plain-pod groups: what its pods carry, what Kueue's marks mean to the job, and the
-restart protocol that keeps (or gives back) the job's admission. The test plays Kueue's webhook and controller."""
+"""A TrainingJob as one of Kueue's external frameworks: the Workload the operator makes for it, no pod until Kueue
+admits it, the admission's assignments on its pods, eviction as one disruption and the quota given back once no pod
+runs, PodsReady, the Workload finished when the job ends, MultiKueue's two sides. The test plays Kueue's
+controller (admission, eviction) on the in-memory API; the real protocol runs in tests/integration/test_kueue.py."""
 
 import pytest
 
-from kubetf.cluster.cache import pod_signature, slim_pod
+from kubetf.cluster.cache import slim_workload
 from kubetf.core import api, builders, kueue
 from kubetf.core import status as st
 
@@ -11,6 +13,7 @@ from .jobs import job, replica
 from .test_reconcile import Sim, mwms_job, ps_job
 
 QUEUE, CLUSTER_QUEUE = "team-a", "gpus"
+DEFAULT_FLAVOR = {"metadata": {"name": "default"}, "spec": {}}
 
 
 def queued(document, **labels):
@@ -18,61 +21,56 @@ def queued(document, **labels):
     return document
 
 
-def kueue_sim(document, queues=None):
+def kueue_sim(document, queues=None, classes=None):
     sim = Sim(document)
-    sim.api.kueue = {"queues": {QUEUE: CLUSTER_QUEUE} if queues is None else queues, "workloads": {}}
+    sim.api.kueue = {
+        "queues": {QUEUE: CLUSTER_QUEUE} if queues is None else queues,
+        "workloads": {},
+        "classes": {("ResourceFlavor", "default"): DEFAULT_FLAVOR, **(classes or {})},
+    }
     return sim
 
 
-def set_workload(sim, at=None, **conditions):
-    """The group's Workload with these conditions: type=(status, message), changed at `at` (default: now)."""
-    name = kueue.group_name(sim.job)
-    workload = sim.api.kueue["workloads"].setdefault(name, {"metadata": {"name": name}})
+def conditions(workload):
+    return {c["type"]: c for c in (workload.get("status") or {}).get("conditions") or []}
+
+
+def kueue_sets(sim, at=None, **changes):
+    """Kueue's controller writes conditions on the job's Workload: type=(status, reason, message) at `at`."""
+    workload = sim.api.workload()
+    found = conditions(workload)
     stamp = st.format_time(sim.now if at is None else at)
-    workload["status"] = {
-        "conditions": [
-            {"type": t, "status": s, "message": m, "lastTransitionTime": stamp} for t, (s, m) in conditions.items()
-        ]
+    for type_, (status, reason, message) in changes.items():
+        before = found.get(type_)
+        changed = before is None or before["status"] != status
+        found[type_] = {"type": type_, "status": status, "reason": reason, "message": message,
+                        "lastTransitionTime": stamp if changed else before["lastTransitionTime"]}  # fmt: skip
+    workload.setdefault("status", {})["conditions"] = list(found.values())
+    sim.api.kueue_wrote(workload)
+
+
+def admit(sim, at=None, flavor="default", **assignment):
+    """Kueue reserves quota (in `flavor` for every PodSet) and admits the Workload."""
+    workload = sim.api.workload()
+    workload.setdefault("status", {})["admission"] = {
+        "clusterQueue": CLUSTER_QUEUE,
+        "podSetAssignments": [
+            {"name": p["name"], "count": p["count"], "flavors": {"cpu": flavor}, **assignment}
+            for p in workload["spec"]["podSets"]
+        ],
     }
+    changes = {
+        "QuotaReserved": ("True", "QuotaReserved", f"Quota reserved in ClusterQueue {CLUSTER_QUEUE}"),
+        "Admitted": ("True", "Admitted", f"The workload is admitted by ClusterQueue {CLUSTER_QUEUE}"),
+    }
+    if "Evicted" in conditions(workload):
+        changes["Evicted"] = ("False", "QuotaReserved", "Previously: evicted")
+    kueue_sets(sim, at, **changes)
 
 
-def admit(sim, at=None):
-    """Kueue admits the group (at `at`, default now) and ungates its pods."""
-    set_workload(sim, at, QuotaReserved=("True", "Quota reserved"), Admitted=("True", "The workload is admitted"))
-    for name, pod in sim.pods.items():
-        if kueue.is_gated(pod):
-            pod["spec"]["schedulingGates"] = []
-            sim.api.update_pod(name)
-
-
-def kueue_preempts(sim, message="Preempted to accommodate a higher priority Workload"):
-    """Kueue's Stop: every pod not finished nor gated gets TerminationTarget and is deleted; the Workload is evicted."""
-    set_workload(
-        sim,
-        Evicted=("True", message),
-        QuotaReserved=("False", "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu"),
-        Admitted=("False", "evicted"),
-    )
-    for name, pod in sim.pods.items():
-        if pod["status"]["phase"] in ("Succeeded", "Failed") or kueue.is_gated(pod):
-            continue
-        pod["status"].setdefault("conditions", []).append(
-            {"type": kueue.TERMINATION_TARGET, "status": "True", "reason": "WorkloadEvicted", "message": message}
-        )
-        pod["metadata"]["deletionTimestamp"] = st.format_time(sim.now + 30)
-        sim.api.update_pod(name)
-
-
-def terminate(sim):
-    """Pods being deleted stop running: gone, unless Kueue's finalizer keeps the object (Failed, then)."""
-    for name in [n for n, p in sim.pods.items() if "deletionTimestamp" in p["metadata"]]:
-        pod = sim.pods[name]
-        if pod["metadata"].get("finalizers"):
-            if pod["status"]["phase"] not in ("Succeeded", "Failed"):
-                pod["status"]["phase"] = "Failed"
-                sim.api.update_pod(name)
-        else:
-            sim.api.remove_pod(name)
+def kueue_evicts(sim, reason="Preempted", message="Preempted to accommodate a higher priority Workload"):
+    """Kueue's Evict: Evicted=True; the admission and the quota stay until the job's controller gives them back."""
+    kueue_sets(sim, Evicted=("True", reason, message))
 
 
 def run(sim):
@@ -82,8 +80,8 @@ def run(sim):
     sim.run()
 
 
-def admitted_and_running(document):
-    sim = kueue_sim(document)
+def admitted_and_running(document, **kwargs):
+    sim = kueue_sim(document, **kwargs)
     sim.step()
     admit(sim)
     sim.step()
@@ -91,378 +89,6 @@ def admitted_and_running(document):
     sim.step()
     assert sim.status["phase"] == "Running", sim.status
     return sim
-
-
-# ---------------------------------------------------------------------- the pods
-
-
-def test_a_queued_jobs_pods_form_one_group_named_by_the_job_and_stable_across_restarts():
-    document = queued(ps_job(), **{kueue.PRIORITY_LABEL: "research"})
-    document["spec"]["priorityClassName"] = "high"
-    document = api.with_defaults(document)
-    pods = builders.desired_pods(document)
-    restarted = builders.desired_pod(document, "worker", 1, attempt=3)
-    groups = {p["metadata"]["labels"][kueue.GROUP_LABEL] for p in [*pods, restarted]}
-    assert groups == {"mnist-1234-uid"}  # the job's name and its uid: a re-created job is another group
-    for pod in pods:
-        assert pod["metadata"]["labels"][kueue.QUEUE_LABEL] == QUEUE
-        assert pod["metadata"]["labels"][kueue.PRIORITY_LABEL] == "research"
-        assert pod["metadata"]["annotations"][kueue.TOTAL_ANNOTATION] == "5"  # chief, 2 workers, ps, evaluator
-        assert pod["spec"]["priorityClassName"] == "high"
-    other = api.with_defaults(queued(ps_job()))
-    other["metadata"]["uid"] = "9876-uid"
-    assert builders.desired_pod(other, "chief", 0)["metadata"]["labels"][kueue.GROUP_LABEL] == "mnist-9876-uid"
-
-
-def test_a_group_name_is_a_label_value_for_the_longest_job_name():
-    document = queued(job(name="j" * 56, worker=replica(1)))
-    document["metadata"]["uid"] = "abcdef01-2345"
-    assert len(kueue.group_name(document)) <= 63
-    assert kueue.group_name(document).endswith("-abcdef01")
-
-
-def test_a_job_without_the_queue_label_carries_nothing_of_kueue():
-    pod = builders.desired_pod(api.with_defaults(mwms_job()), "worker", 0)
-    assert not [k for k in pod["metadata"]["labels"] if k.startswith("kueue.x-k8s.io")]
-    assert "annotations" not in pod["metadata"]
-
-
-def test_the_cache_keeps_kueues_marks_and_a_pod_ungated_needs_a_reconcile():
-    pod = {
-        "metadata": {
-            "name": "p",
-            "finalizers": [kueue.FINALIZER, "other"],
-            "annotations": {kueue.RETRIABLE_ANNOTATION: "false", "big": "x" * 1000},
-        },
-        "spec": {"schedulingGates": [{"name": kueue.GATE}], "containers": [{"name": "tensorflow"}]},
-        "status": {"phase": "Pending"},
-    }
-    slim = slim_pod(pod)
-    assert slim["metadata"]["finalizers"] == [kueue.FINALIZER, "other"]  # any one: a forced deletion waits for it
-    assert slim["metadata"]["annotations"] == {kueue.RETRIABLE_ANNOTATION: "false"}
-    assert kueue.is_gated(slim)
-    ungated = {**pod, "spec": {**pod["spec"], "schedulingGates": []}}
-    assert pod_signature(slim_pod(ungated)) != pod_signature(slim)
-
-
-# ---------------------------------------------------------------------- waiting for admission
-
-
-def test_a_queued_job_says_where_it_waits_in_kueues_words_until_admitted():
-    sim = kueue_sim(queued(mwms_job()))
-    plan = sim.step()
-    assert len(plan.create) == 3 and all(kueue.is_gated(p) for p in sim.pods.values())
-    assert sim.status["phase"] == "Queued"
-    assert plan.requeue_at is None  # Kueue's Workload is watched: nothing is polled
-    set_workload(
-        sim,
-        QuotaReserved=(
-            "False",
-            "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu, 2 more needed",
-        ),
-    )
-    sim.api.deliver(sim.controller)
-    assert sim.controller.queue.get()[0] == sim.key  # the Workload's change brings the job back
-    sim.controller.queue.done(sim.key)
-    plan = sim.step(advance=30)
-    message = sim.condition()["message"]
-    assert sim.status["phase"] == "Queued" and sim.condition()["reason"] == "Queued"
-    assert f"LocalQueue {QUEUE} (ClusterQueue {CLUSTER_QUEUE})" in message
-    assert "all 3 pods" in message and "insufficient unused quota for nvidia.com/gpu, 2 more needed" in message
-    assert plan.requeue_at is None
-    assert [r for _, r, _ in sim.api.recorded if r == "Queued"] == []  # waiting in a queue is no warning
-    admit(sim)
-    sim.step()
-    assert sim.status["phase"] == "Pending"
-    run(sim)
-    sim.step()
-    assert sim.status["phase"] == "Running"
-
-
-def test_a_missing_local_queue_is_said_with_a_warning():
-    sim = kueue_sim(queued(mwms_job()), queues={})
-    sim.step()
-    assert sim.status["phase"] == "Queued"
-    assert sim.condition()["reason"] == "LocalQueueNotFound"
-    assert f"LocalQueue {QUEUE} does not exist in namespace" in sim.condition()["message"]
-    assert ("Warning", "LocalQueueNotFound") in [(t, r) for t, r, _ in sim.api.recorded]
-
-
-def test_without_kueue_a_labelled_job_runs_and_is_warned_about_once():
-    sim = Sim(queued(mwms_job()))  # the cluster has no Kueue: nothing gates the pods
-    sim.step()
-    run(sim)
-    sim.step()
-    sim.step()
-    assert sim.status["phase"] == "Running"
-    assert [r for t, r, _ in sim.api.recorded if t == "Warning"] == ["KueueNotInstalled"]
-
-
-def test_a_job_managed_by_multikueue_is_left_alone():
-    document = queued(mwms_job())
-    document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
-    sim = kueue_sim(document)
-    sim.api.deliver(sim.controller)
-    assert sim.controller.reconcile(sim.key) is None
-    assert sim.pods == {} and "status" not in sim.job
-
-
-# ---------------------------------------------------------------------- preemption and restarts
-
-
-def test_kueue_preemption_is_one_disruption_and_the_job_queues_again_in_the_same_group():
-    sim = admitted_and_running(queued(ps_job()))
-    group = {p["metadata"]["labels"][kueue.GROUP_LABEL] for p in sim.pods.values()}
-    kueue_preempts(sim)
-    sim.step()
-    restarts = sim.status["restarts"]
-    assert (restarts["disruptions"], restarts["failures"]) == (1, 0)
-    assert "WorkloadEvicted by Kueue: Preempted to accommodate" in restarts["lastReason"]
-    # The pods stop; Kueue's finalizer keeps them until the operator releases them, all but one while no other pod
-    # of the group exists: the Workload (and its place in the queue) lives on.
-    terminate(sim)
-    for _ in range(5):
-        sim.step()
-        assert sim.pods, "no pod of the group left: Kueue would drop the Workload and its place in the queue"
-    assert len(sim.pods) == 5 and all(st.pod_task(p)[2] == 1 for p in sim.pods.values())
-    assert all(kueue.is_gated(p) for p in sim.pods.values())
-    assert {p["metadata"]["labels"][kueue.GROUP_LABEL] for p in sim.pods.values()} == group
-    assert sim.status["phase"] == "Queued"
-    assert "evicted: Preempted to accommodate" in sim.condition()["message"]
-    assert sim.status["restarts"]["disruptions"] == 1  # the other pods' deletions were not counted again
-    admit(sim)
-    sim.step()
-    run(sim)
-    sim.step()
-    assert sim.status["phase"] == "Running"
-    assert sim.status["restarts"]["total"] == 1
-
-
-def test_an_evicted_mwms_worker_restarts_the_group_under_the_same_admission():
-    sim = admitted_and_running(queued(mwms_job()))
-    sim.evict("mnist-worker-1")  # not Kueue: a node drain's eviction
-    sim.step()
-    phases = [sim.status["phase"]]
-    terminate(sim)  # every old pod stopped; Kueue's finalizer keeps them
-    # An old pod is kept until a new one exists: the group's Workload never goes, nor its admission.
-    for _ in range(4):
-        sim.step()
-        assert sim.pods, "no pod of the group left: Kueue would drop the Workload and its admission"
-        admit(sim)  # Kueue ungates replacements at once: the Workload stays admitted
-        phases.append(sim.status["phase"])
-    run(sim)
-    sim.step()
-    phases.append(sim.status["phase"])
-    assert "Queued" not in phases
-    assert phases[-1] == "Running"
-    assert {sim.attempt(n) for n in sim.pods} == {"1"}
-
-
-def test_a_failed_pod_is_released_for_its_replacement_of_the_same_name():
-    sim = admitted_and_running(queued(ps_job()))
-    sim.exit("mnist-worker-1", 1)
-    sim.step(advance=1)
-    terminate(sim)  # the failed pod the operator deleted is kept by Kueue's finalizer
-    assert "mnist-worker-1" in sim.pods
-    sim.step(advance=60)  # past the failure backoff
-    assert "release" in sim.api.calls
-    sim.step()
-    assert sim.attempt("mnist-worker-1") == "1"
-
-
-# ---------------------------------------------------------------------- the end gives the quota back
-
-
-def test_success_marks_every_pod_unretriable_so_kueue_finishes_the_workload():
-    sim = admitted_and_running(queued(ps_job()))
-    sim.exit("mnist-chief-0", 0)
-    plan = sim.step()
-    assert sim.status["phase"] == "Succeeded"
-    assert sorted(p["metadata"]["name"] for p in plan.unretriable) == sorted(sim.pods)
-    assert all(p["metadata"]["annotations"][kueue.RETRIABLE_ANNOTATION] == "false" for p in sim.pods.values())
-    terminate(sim)  # the ps and workers stop; the operator does not wait for Kueue to let them go
-    sim.exit("mnist-evaluator-0", 0)  # its last evaluation done, within its grace
-    sim.step()
-    # kept (cleanPodPolicy Running): Kueue finalizes them
-    assert sorted(sim.pods) == ["mnist-chief-0", "mnist-evaluator-0"]
-    sim.step()
-    assert sim.api.calls.count("mark unretriable") == 5
-
-
-def test_suspend_gives_the_quota_back_and_resume_waits_for_the_finished_workload_to_go():
-    sim = admitted_and_running(queued(mwms_job()))
-    sim.job["spec"]["runPolicy"]["suspend"] = True
-    sim.api.update_job(sim.key)
-    sim.step()
-    assert all(p["metadata"]["annotations"][kueue.RETRIABLE_ANNOTATION] == "false" for p in sim.pods.values())
-    terminate(sim)
-    sim.step()
-    assert sim.pods == {}
-    set_workload(sim, Finished=("True", "Pods succeeded: 0/3."))  # not garbage-collected yet
-    sim.job["spec"]["runPolicy"]["suspend"] = False
-    sim.api.update_job(sim.key)
-    plan = sim.step()
-    assert plan.create == [] and plan.requeue_at is None  # no timer: the Workload's deletion is watched
-    del sim.api.kueue["workloads"][kueue.group_name(sim.job)]
-    sim.api.deliver(sim.controller)
-    assert sim.controller.queue.get()[0] == sim.key
-    sim.controller.queue.done(sim.key)
-    plan = sim.step(advance=2)
-    assert len(plan.create) == 3
-    assert sim.status["phase"] == "Queued"
-
-
-def test_a_deleted_jobs_pods_are_marked_and_released():
-    sim = admitted_and_running(queued(mwms_job()))
-    group = kueue.group_name(sim.job)
-    sim.api.delete_job(*sim.key)
-    for name, pod in sim.pods.items():  # the garbage collector deletes them
-        pod["metadata"]["deletionTimestamp"] = st.format_time(sim.now)
-        sim.api.update_pod(name)
-    sim.api.deliver(sim.controller)
-    assert sim.controller.reconcile(sim.key) is None
-    assert sim.api.calls.count("mark unretriable") == 3
-    terminate(sim)
-    sim.api.deliver(sim.controller)
-    sim.controller.reconcile(sim.key)
-    assert sim.pods == {}
-    assert not any(c.startswith("delete workload") for c in sim.api.calls)  # its pods were still there
-    sim.api.deliver(sim.controller)  # the pods' DELETED events
-    sim.controller.reconcile(sim.key)
-    assert f"delete workload {group}" in sim.api.calls  # not left to the garbage collector: its quota goes now
-    assert group not in sim.api.kueue["workloads"]
-
-
-def test_a_suspended_jobs_workload_goes_once_its_pods_are_gone():
-    sim = admitted_and_running(queued(mwms_job()))
-    sim.job["spec"]["runPolicy"]["suspend"] = True
-    sim.api.update_job(sim.key)
-    sim.step()
-    terminate(sim)
-    sim.step()
-    assert sim.pods == {}
-    sim.step()
-    assert kueue.group_name(sim.job) not in sim.api.kueue["workloads"]
-    assert sim.status["phase"] == "Suspended"
-
-
-def test_a_running_jobs_workload_is_never_deleted_even_with_no_pod_left():
-    sim = admitted_and_running(queued(mwms_job()))
-    group = kueue.group_name(sim.job)
-    sim.api.kueue["workloads"][group].setdefault("metadata", {})["ownerReferences"] = []  # frozen: no owner
-    sim.step()
-    sim.step()
-    assert group in sim.api.kueue["workloads"]
-    assert not any(c.startswith("delete workload") for c in sim.api.calls)
-
-
-def foreign_group(sim, name, owner="uid-of-another-teams-pod"):
-    """Another team's plain pod group in the job's namespace: its Workload, owned by its own running pod."""
-    sim.api.kueue["workloads"][name] = {
-        "metadata": {"name": name, "ownerReferences": [{"kind": "Pod", "uid": owner}]},
-        "status": {"conditions": [{"type": "Admitted", "status": "True"}]},
-    }
-
-
-def test_another_teams_pod_group_named_like_the_job_is_never_touched_when_the_job_ends():
-    sim = admitted_and_running(queued(mwms_job()))  # the job "mnist"
-    foreign_group(sim, "mnist-finetune")  # "<job>-<8 characters>": what a prefix match took for the job's own
-    foreign_group(sim, "mnist-00000002")  # the job's name and 8 hex characters, owned by someone else's pod
-    own = kueue.group_name(sim.job)
-    sim.api.delete_job(*sim.key)
-    for name, pod in sim.pods.items():  # the garbage collector deletes them
-        pod["metadata"]["deletionTimestamp"] = st.format_time(sim.now)
-        sim.api.update_pod(name)
-    sim.api.deliver(sim.controller)
-    sim.controller.reconcile(sim.key)
-    terminate(sim)
-    sim.api.deliver(sim.controller)
-    sim.controller.reconcile(sim.key)
-    sim.api.deliver(sim.controller)
-    sim.controller.reconcile(sim.key)
-    assert own not in sim.api.kueue["workloads"]  # its own went at once
-    assert {"mnist-finetune", "mnist-00000002"} <= set(sim.api.kueue["workloads"])
-    assert [c for c in sim.api.calls if c.startswith("delete workload")] == [f"delete workload {own}"]
-    assert "mnist-finetune" not in {name for _, name in sim.controller.store.workloads}  # not even kept in memory
-
-
-def test_two_jobs_whose_names_share_all_but_the_last_character_keep_their_own_workloads():
-    long = "a" * 54  # a group name keeps 54 characters of the job's name (and 8 of its uid)
-    sim = kueue_sim(queued(job(f"{long}1", worker=replica(2))))
-    other = sim.api.add_job(queued(job(f"{long}2", worker=replica(2))))
-    other_key = ("team-a", other["metadata"]["name"])
-    groups = kueue.group_name(sim.job), kueue.group_name(other)
-    assert groups[0][:54] == groups[1][:54] and groups[0] != groups[1]
-    for key in (sim.key, other_key):
-        sim.api.deliver(sim.controller)
-        sim.controller.reconcile(key)
-    for group in groups:  # Kueue admits both groups
-        sim.api.kueue["workloads"][group] = {
-            "metadata": {"name": group},
-            "status": {
-                "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]
-            },
-        }
-    for name, pod in sim.pods.items():
-        pod["spec"]["schedulingGates"] = []
-        sim.api.update_pod(name)
-    run(sim)
-    sim.api.delete_job(*sim.key)  # the first job ends; its pods go with it
-    for _ in range(3):
-        for name, pod in sim.pods.items():
-            if pod["metadata"]["labels"][api.LABEL_JOB] == sim.key[1]:
-                pod["metadata"]["deletionTimestamp"] = st.format_time(sim.now)
-                sim.api.update_pod(name)
-        terminate(sim)
-        sim.api.deliver(sim.controller)
-        sim.controller.reconcile(sim.key)
-    assert groups[0] not in sim.api.kueue["workloads"]
-    assert groups[1] in sim.api.kueue["workloads"]  # the other job's: untouched, its pods run on
-    assert [c for c in sim.api.calls if c.startswith("delete workload")] == [f"delete workload {groups[0]}"]
-    assert len([p for p in sim.pods.values() if p["metadata"]["labels"][api.LABEL_JOB] == other_key[1]]) == 2
-
-
-# ---------------------------------------------------------------------- bad input
-
-
-@pytest.mark.parametrize("value", ["Team_A", "team-a-", "a" * 254])
-def test_a_queue_label_that_cannot_name_a_local_queue_is_refused(value):
-    document = queued(mwms_job())
-    document["metadata"]["labels"][kueue.QUEUE_LABEL] = value
-    problems = api.validate(document)
-    assert [p.path for p in problems] == [f"metadata.labels[{kueue.QUEUE_LABEL}]"]
-    assert "is not a LocalQueue name" in problems[0].message
-
-
-def test_managed_by_takes_only_the_values_the_crd_allows():
-    document = mwms_job()
-    document["spec"]["managedBy"] = "someone/else"
-    assert [p.path for p in api.validate(document)] == ["spec.managedBy"]
-    document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
-    assert api.validate(document) == []
-
-
-def test_the_last_old_pod_owning_the_workload_stays_until_kueue_made_a_new_pod_an_owner():
-    sim = admitted_and_running(queued(mwms_job()))
-    workload = sim.api.kueue["workloads"][kueue.group_name(sim.job)]
-    old = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in sim.pods.values()]
-    workload["metadata"]["ownerReferences"] = old  # Kueue has not adopted the new pods yet
-    sim.evict("mnist-worker-1")
-    sim.step()
-    terminate(sim)
-    for _ in range(4):
-        sim.step()
-        admit(sim)
-    owners = [p for p in sim.pods.values() if p["metadata"]["uid"] in {o["uid"] for o in old}]
-    assert len(owners) == 1 and len(sim.pods) == 3, "the garbage collector would take the Workload with it"
-    del workload["metadata"]["ownerReferences"]  # Kueue's reconcile adds the new pods as owners
-    for _ in range(2):
-        sim.step()
-        admit(sim)
-    assert {sim.attempt(n) for n in sim.pods} == {"1"} and len(sim.pods) == 3
-
-
-# ---------------------------------------------------------------------- watched, not polled
 
 
 def drain(sim):
@@ -476,10 +102,149 @@ def drain(sim):
         queue.done(key)
 
 
+# ---------------------------------------------------------------------- the Workload the operator makes
+
+
+def test_the_workload_is_named_as_kueue_names_its_own_jobs_workloads():
+    # Kueue's own vectors (pkg/controller/jobframework/workload_names_test.go, v0.19.2): a batch Job's names.
+    assert kueue.workload_name_for("name", "uid", "Job", "batch") == "job-name-ef3a1"
+    long_name = "marketing-campaign-" + "x" * 300
+    assert len(kueue.workload_name_for(long_name, "uid")) == 253
+    document = api.with_defaults(queued(mwms_job()))
+    document["metadata"]["uid"] = "1234-uid"
+    assert kueue.workload_name(document) == kueue.workload_name_for("mnist", "1234-uid", "TrainingJob", "kubetf.io")
+    assert kueue.workload_name(document).startswith("trainingjob-mnist-")
+    document["metadata"]["annotations"] = {kueue.PREBUILT: "made-by-multikueue"}
+    assert kueue.workload_name(document) == "made-by-multikueue"
+
+
+def test_a_queued_job_makes_its_workload_and_no_pod():
+    wpc = {"metadata": {"name": "research"}, "value": 200}
+    sim = kueue_sim(
+        queued(ps_job(), **{kueue.PRIORITY_LABEL: "research"}), classes={("WorkloadPriorityClass", "research"): wpc}
+    )
+    plan = sim.step()
+    assert plan.create == [] and sim.pods == {}
+    workload = sim.api.workload()
+    meta, spec = workload["metadata"], workload["spec"]
+    assert meta["name"] == kueue.workload_name(sim.job)
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "kubetf.io/v1alpha1", "kind": "TrainingJob", "name": "mnist", "uid": sim.job["metadata"]["uid"],
+         "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    assert meta["finalizers"] == [kueue.FINALIZER]
+    assert meta["labels"][kueue.JOB_UID_LABEL] == sim.job["metadata"]["uid"]
+    assert meta["labels"][api.LABEL_JOB] == "mnist"  # the operator's watch selects its own
+    assert spec["queueName"] == QUEUE
+    assert spec["priorityClassRef"] == {"group": kueue.GROUP, "kind": "WorkloadPriorityClass", "name": "research"}
+    assert spec["priority"] == 200
+    # One PodSet per role, in TF_CONFIG's order, each with its count and the template of its pods.
+    assert [(p["name"], p["count"]) for p in spec["podSets"]] == [
+        ("chief", 1), ("worker", 2), ("ps", 1), ("evaluator", 1)
+    ]  # fmt: skip
+    worker = spec["podSets"][1]["template"]
+    expected = builders.desired_pod(api.with_defaults(sim.job), "worker", 0, 0, sim.controller.config.progress_url)
+    assert worker["spec"] == expected["spec"]
+    assert worker["metadata"]["labels"][api.LABEL_ROLE] == "worker"
+    assert sim.status["phase"] == "Queued" and sim.condition()["reason"] == "Queued"
+    assert "queuedSince" in sim.status and "activeSince" not in sim.status  # no timer counts while queued
+    assert sim.step().create == [] and len(sim.api.kueue["workloads"]) == 1  # made once
+
+
+def test_a_priority_class_that_does_not_exist_is_said_and_the_workload_waits_for_it():
+    document = queued(mwms_job())
+    document["spec"]["priorityClassName"] = "high"
+    sim = kueue_sim(document)
+    plan = sim.step()
+    assert sim.api.kueue["workloads"] == {}
+    assert (sim.status["phase"], sim.condition()["reason"]) == ("Queued", "PriorityClassNotFound")
+    assert "PriorityClass high (from spec.priorityClassName) does not exist" in sim.condition()["message"]
+    assert ("Warning", "PriorityClassNotFound") in [(t, r) for t, r, _ in sim.api.recorded]
+    assert plan.requeue_at is not None  # no watch shows the class: read again then
+    sim.api.kueue["classes"][("PriorityClass", "high")] = {"metadata": {"name": "high"}, "value": 1000}
+    sim.step(advance=plan.requeue_at - sim.now)
+    spec = sim.api.workload()["spec"]
+    assert spec["priorityClassRef"]["kind"] == "PriorityClass" and spec["priority"] == 1000
+
+
+def test_a_job_changed_while_it_holds_no_quota_changes_its_workload_but_not_under_a_reservation():
+    sim = kueue_sim(queued(mwms_job()))
+    sim.step()
+    sim.job["spec"]["replicaSpecs"]["worker"]["replicas"] = 4
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert [p["count"] for p in sim.api.workload()["spec"]["podSets"]] == [1, 4]
+    admit(sim)
+    sim.step()
+    sim.job["spec"]["replicaSpecs"]["worker"]["replicas"] = 1
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert [p["count"] for p in sim.api.workload()["spec"]["podSets"]] == [1, 4]  # immutable while reserved
+
+
+# ---------------------------------------------------------------------- waiting for admission
+
+
+def test_a_queued_job_says_where_it_waits_in_kueues_words_until_admitted():
+    sim = kueue_sim(queued(mwms_job()))
+    plan = sim.step()
+    assert plan.requeue_at is None  # Kueue's Workload is watched: nothing is polled
+    kueue_sets(sim, QuotaReserved=(
+        "False", "Pending", "couldn't assign flavors to pod set worker: insufficient unused quota for nvidia.com/gpu"
+    ))  # fmt: skip
+    sim.api.deliver(sim.controller)
+    assert sim.controller.queue.get()[0] == sim.key  # the Workload's change brings the job back
+    sim.controller.queue.done(sim.key)
+    sim.step(advance=30)
+    message = sim.condition()["message"]
+    assert sim.status["phase"] == "Queued" and sim.condition()["reason"] == "Queued"
+    assert f"LocalQueue {QUEUE} (ClusterQueue {CLUSTER_QUEUE})" in message
+    assert f"Workload {kueue.workload_name(sim.job)}" in message
+    assert "all 3 pods" in message and "insufficient unused quota for nvidia.com/gpu" in message
+    assert [r for _, r, _ in sim.api.recorded if r == "Queued"] == []  # waiting in a queue is no warning
+    sim.api.workload()["status"]["admissionChecks"] = [{"name": "provisioning", "state": "Pending", "message": "wait"}]
+    kueue_sets(sim, QuotaReserved=("True", "QuotaReserved", "reserved"))
+    sim.step()
+    assert sim.pods == {}, "quota reserved, an admission check not ready: not admitted yet"
+    assert "admission check provisioning: Pending wait" in sim.condition()["message"]
+    admit(sim)
+    sim.step()
+    assert sim.status["phase"] == "Pending" and len(sim.pods) == 3
+    run(sim)
+    sim.step()
+    assert sim.status["phase"] == "Running"
+
+
+def test_a_missing_local_queue_is_said_with_a_warning_and_its_creation_brings_the_job_back():
+    sim = kueue_sim(queued(mwms_job()), queues={})
+    sim.step()
+    assert (sim.status["phase"], sim.condition()["reason"]) == ("Queued", "LocalQueueNotFound")
+    assert f"LocalQueue {QUEUE} does not exist in namespace" in sim.condition()["message"]
+    assert ("Warning", "LocalQueueNotFound") in [(t, r) for t, r, _ in sim.api.recorded]
+    assert sim.api.kueue["workloads"] == {}
+    sim.api.kueue["queues"][QUEUE] = CLUSTER_QUEUE
+    sim.api.deliver(sim.controller)
+    assert sim.controller.queue.get()[0] == sim.key
+    sim.controller.queue.done(sim.key)
+    sim.step()
+    assert (sim.status["phase"], sim.condition()["reason"]) == ("Queued", "Queued")
+    assert len(sim.api.kueue["workloads"]) == 1
+
+
+def test_without_kueue_a_labelled_job_runs_and_is_warned_about_once():
+    sim = Sim(queued(mwms_job()))  # the cluster has no Kueue
+    sim.step()
+    run(sim)
+    sim.step()
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    assert [r for t, r, _ in sim.api.recorded if t == "Warning"] == ["KueueNotInstalled"]
+
+
 def test_a_queued_job_costs_no_api_call_while_it_waits():
     sim = kueue_sim(queued(mwms_job()))
     sim.step()
-    set_workload(sim, QuotaReserved=("False", "insufficient unused quota for nvidia.com/gpu, 2 more needed"))
+    kueue_sets(sim, QuotaReserved=("False", "Pending", "insufficient unused quota for nvidia.com/gpu"))
     sim.step()
     sim.api.calls.clear()
     for _ in range(10):
@@ -488,46 +253,11 @@ def test_a_queued_job_costs_no_api_call_while_it_waits():
     assert sim.api.calls == []
 
 
-def test_a_workloads_new_owner_releases_the_last_old_pod_at_once():
-    """A preempted group is complete again (admissible) as soon as Kueue has made a new pod an owner of the
-    Workload: the operator sees that change as a watch event, not at its next timer."""
-    sim = admitted_and_running(queued(mwms_job()))
-    workload = sim.api.kueue["workloads"][kueue.group_name(sim.job)]
-    old = [{"kind": "Pod", "uid": p["metadata"]["uid"]} for p in sim.pods.values()]
-    workload["metadata"]["ownerReferences"] = old  # Kueue has not adopted the new pods yet
-    kueue_preempts(sim)
-    sim.step()
-    terminate(sim)
-    for _ in range(3):
-        sim.step()
-    assert len(sim.pods) == 3 and sum(st.pod_task(p)[2] == 0 for p in sim.pods.values()) == 1
-    drain(sim)  # nothing queued, no timer: only a watch event can bring the job back
-    del workload["metadata"]["ownerReferences"]  # Kueue's reconcile adds the new pods as owners
-    sim.api.deliver(sim.controller)
-    assert sim.controller.queue.get() == (sim.key, 0)  # URGENT
-    sim.controller.queue.done(sim.key)
-    sim.step()  # the last old pod released ...
-    sim.step()  # ... gone: its replacement created
-    assert {sim.attempt(n) for n in sim.pods} == {"1"} and len(sim.pods) == 3
-
-
-def test_a_local_queue_created_after_the_job_brings_it_back():
-    sim = kueue_sim(queued(mwms_job()), queues={})
-    sim.step()
-    assert sim.condition()["reason"] == "LocalQueueNotFound"
-    sim.api.kueue["queues"][QUEUE] = CLUSTER_QUEUE
-    sim.api.deliver(sim.controller)
-    assert sim.controller.queue.get()[0] == sim.key
-    sim.controller.queue.done(sim.key)
-    sim.step()
-    assert (sim.status["phase"], sim.condition()["reason"]) == ("Queued", "Queued")
-
-
 def test_a_queued_job_says_its_place_in_the_cluster_queue_from_kueues_visibility_api():
     sim = kueue_sim(queued(mwms_job()))
     sim.step()
-    name = kueue.group_name(sim.job)
-    set_workload(sim, QuotaReserved=("False", "insufficient unused quota"))
+    name = kueue.workload_name(sim.job)
+    kueue_sets(sim, QuotaReserved=("False", "Pending", "insufficient unused quota"))
     sim.api.kueue["pending"] = {CLUSTER_QUEUE: ["someone-else", "and-another", name]}
     sim.step()
     sim.controller.positions.poll()
@@ -552,27 +282,411 @@ def test_a_queued_job_says_its_place_in_the_cluster_queue_from_kueues_visibility
 def test_without_kueues_visibility_api_a_queued_job_just_says_nothing_of_its_place():
     sim = kueue_sim(queued(mwms_job()))
     sim.step()
-    sim.controller.positions.poll()  # 404: not served
+    sim.step()
+    sim.controller.positions.poll()  # not served
     sim.step()
     assert sim.status["phase"] == "Queued" and "queuePosition" not in sim.status
     calls = sim.api.calls.count(f"get clusterqueues/{CLUSTER_QUEUE}/pendingworkloads")
+    assert calls == 1
     sim.controller.positions.poll()
     assert sim.api.calls.count(f"get clusterqueues/{CLUSTER_QUEUE}/pendingworkloads") == calls  # not asked again soon
+
+
+# ---------------------------------------------------------------------- admitted
+
+
+def test_admitted_pods_get_what_the_admission_assigned():
+    gpu = {
+        "metadata": {"name": "a100"},
+        "spec": {
+            "nodeLabels": {"gpu.example.com/model": "a100"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+    sim = kueue_sim(queued(mwms_job()), classes={("ResourceFlavor", "a100"): gpu})
+    sim.step()
+    workload = sim.api.workload()
+    workload["status"] = {"admissionChecks": [{"name": "check", "state": "Ready", "podSetUpdates": [
+        {"name": "worker", "labels": {"from-check": "yes"}, "nodeSelector": {"zone": "b"}}
+    ]}]}  # fmt: skip
+    admit(sim, flavor="a100", topologyAssignment={"levels": ["kubernetes.io/hostname"], "domains": []})
+    plan = sim.step()
+    assert len(plan.create) == 3
+    worker = sim.pods["mnist-worker-0"]
+    labels, spec = worker["metadata"]["labels"], worker["spec"]
+    assert spec["nodeSelector"] == {"gpu.example.com/model": "a100", "zone": "b"}
+    assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert labels[kueue.PODSET_LABEL] == "worker" and labels["from-check"] == "yes"
+    assert labels[kueue.LOCAL_QUEUE_LABEL] == QUEUE and labels[kueue.CLUSTER_QUEUE_LABEL] == CLUSTER_QUEUE
+    assert worker["metadata"]["annotations"][kueue.WORKLOAD_ANNOTATION] == workload["metadata"]["name"]
+    assert worker["metadata"]["annotations"][kueue.UNCONSTRAINED_TOPOLOGY] == "true"
+    assert spec["schedulingGates"] == [{"name": kueue.TOPOLOGY_GATE}]  # Kueue's topology ungater places it
+    chief = sim.pods["mnist-chief-0"]
+    assert "from-check" not in chief["metadata"]["labels"] and chief["spec"]["nodeSelector"] == {
+        "gpu.example.com/model": "a100"
+    }
+
+
+def test_pods_ready_is_reported_and_the_operators_own_restart_keeps_the_admission():
+    sim = admitted_and_running(queued(mwms_job()))
+    ready = conditions(sim.api.workload())["PodsReady"]
+    assert (ready["status"], ready["reason"]) == ("True", "Started")
+    admission = sim.api.workload()["status"]["admission"]
+    sim.exit("mnist-worker-1", 1)  # a failure: the operator's restart, not Kueue's
+    sim.step()
+    ready = conditions(sim.api.workload())["PodsReady"]
+    assert (ready["status"], ready["reason"]) == ("False", "WaitForRecovery")
+    sim.gone()
+    for _ in range(3):
+        sim.step(advance=10)
+    run(sim)
+    sim.step()
+    workload = sim.api.workload()
+    assert sim.status["phase"] == "Running" and sim.status["restarts"]["failures"] == 1
+    assert workload["status"]["admission"] == admission  # never given back
+    assert conditions(workload)["QuotaReserved"]["status"] == "True"
+    ready = conditions(workload)["PodsReady"]
+    assert (ready["status"], ready["reason"]) == ("True", "Recovered")
+
+
+# ---------------------------------------------------------------------- eviction
+
+
+def test_kueue_preemption_is_one_disruption_and_the_quota_goes_back_once_no_pod_runs():
+    sim = admitted_and_running(queued(ps_job()))
+    kueue_evicts(sim)
+    sim.step()
+    restarts = sim.status["restarts"]
+    assert (restarts["disruptions"], restarts["failures"]) == (1, 0)
+    assert "Preempted by Kueue: Preempted to accommodate" in restarts["lastReason"]
+    assert all("deletionTimestamp" in p["metadata"] for p in sim.pods.values())
+    assert sim.status["phase"] == "Queued" and "evicted: Preempted to accommodate" in sim.condition()["message"]
+    workload = sim.api.workload()
+    assert workload["status"]["admission"] is not None, "quota given back while pods still run"
+    sim.gone()
+    sim.step()
+    workload = sim.api.workload()
+    assert "admission" not in workload["status"]
+    found = conditions(workload)
+    assert [(found[t]["status"], found[t]["reason"]) for t in ("QuotaReserved", "Admitted", "Requeued")] == [
+        ("False", "Pending"), ("False", "NoReservation"), ("True", "Preempted")
+    ]  # fmt: skip
+    assert sim.pods == {} and sim.status["restarts"]["disruptions"] == 1  # the deletions were not counted again
+    admit(sim)
+    sim.step()
+    run(sim)
+    sim.step()
+    assert sim.status["phase"] == "Running" and sim.status["restarts"]["total"] == 1
+    assert {sim.attempt(n) for n in sim.pods} == {"1"}
+
+
+def test_a_pods_ready_timeout_requeues_after_kueues_backoff():
+    sim = kueue_sim(queued(mwms_job()))
+    sim.step()
+    admit(sim)
+    sim.step()  # pods created; they never get ready
+    kueue_evicts(sim, "PodsReadyTimeout", "Exceeded the PodsReady timeout team-a/x")
+    sim.step()
+    sim.gone()
+    sim.step()
+    requeued = conditions(sim.api.workload())["Requeued"]
+    assert (requeued["status"], requeued["reason"]) == ("False", "PodsReadyTimeout")  # Kueue's backoff says when
+    assert "PodsReadyTimeout by Kueue" in sim.status["restarts"]["lastReason"]
+
+
+def test_a_pod_that_failed_while_kueue_evicted_is_not_counted_beside_the_eviction():
+    sim = admitted_and_running(queued(mwms_job()))
+    sim.exit("mnist-worker-0", 137)
+    kueue_evicts(sim)
+    sim.step()
+    assert (sim.status["restarts"]["disruptions"], sim.status["restarts"]["failures"]) == (1, 0)
+
+
+def test_the_quota_waits_for_a_pod_stuck_terminating_but_not_for_one_on_a_lost_node():
+    sim = admitted_and_running(queued(mwms_job()))
+    kueue_evicts(sim)
+    sim.step()
+    sim.api.remove_pod("mnist-chief-0")
+    sim.api.remove_pod("mnist-worker-0")
+    sim.step(advance=60)  # mnist-worker-1 still terminates on a node that reports
+    assert sim.api.workload()["status"].get("admission") is not None
+    sim.api.lost_nodes["node-a"] = sim.now - 600
+    sim.step(advance=60)
+    assert "admission" not in sim.api.workload()["status"]
+
+
+def test_a_workload_deleted_under_a_running_job_stops_it_and_a_new_one_is_made():
+    sim = admitted_and_running(queued(mwms_job()))
+    old = sim.api.workload()
+    old["metadata"]["deletionTimestamp"] = st.format_time(sim.now)
+    sim.api.kueue_wrote(old)
+    sim.step()
+    assert "WorkloadDeleted: its Workload" in sim.status["restarts"]["lastReason"]
+    assert kueue.FINALIZER in old["metadata"]["finalizers"], "its finalizer went while pods ran"
+    sim.gone()
+    sim.step()  # the finalizer goes: the Workload is gone
+    assert sim.api.kueue["workloads"] == {}
+    sim.step()
+    made = sim.api.workload()
+    assert made["metadata"]["uid"] != old["metadata"]["uid"] and sim.status["phase"] == "Queued"
+
+
+def test_a_conflicting_write_is_decided_again_on_the_newer_workload():
+    sim = admitted_and_running(queued(mwms_job()))
+    kueue_evicts(sim)
+    sim.step()
+    sim.gone()
+    sim.api.deliver(sim.controller)
+    kueue_sets(sim, Requeued=("False", "Kueue", "written before the operator's release"))  # the cache lags
+    drain(sim)
+    sim.controller.reconcile(sim.key)
+    assert sim.api.workload()["status"].get("admission") is not None, "written over a newer version"
+    assert sim.controller.queue.get()[0] == sim.key  # decided again ...
+    sim.controller.queue.done(sim.key)
+    sim.step()  # ... on the newer Workload, which the watch brought
+    assert "admission" not in sim.api.workload()["status"]
+
+
+# ---------------------------------------------------------------------- the end, suspension, deletion
+
+
+@pytest.mark.parametrize(("code", "reason"), [(0, "Succeeded"), (1, "Failed")])
+def test_the_workload_finishes_the_moment_the_job_ends(code, reason):
+    document = queued(mwms_job(backoffLimit=0))
+    sim = admitted_and_running(document)
+    sim.exit("mnist-chief-0", code)
+    sim.step()
+    workload = sim.api.workload()
+    finished = conditions(workload)["Finished"]
+    assert (finished["status"], finished["reason"]) == ("True", reason)
+    assert kueue.FINALIZER not in workload["metadata"]["finalizers"]
+    calls = len(sim.api.calls)
+    sim.step()
+    assert [c for c in sim.api.calls[calls:] if c.startswith("write Workload")] == []  # once
+
+
+def test_suspend_deactivates_the_workload_and_resume_queues_it_again():
+    sim = admitted_and_running(queued(mwms_job()))
+    sim.job["spec"]["runPolicy"]["suspend"] = True
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert sim.api.workload()["spec"]["active"] is False
+    kueue_evicts(sim, "Deactivated", "The workload is deactivated")
+    sim.step()
+    assert sim.api.workload()["status"].get("admission") is not None  # its pods still run
+    sim.gone()
+    sim.step()
+    assert "admission" not in sim.api.workload()["status"] and sim.status["phase"] == "Suspended"
+    sim.job["spec"]["runPolicy"]["suspend"] = False
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert sim.api.workload()["spec"]["active"] is True
+    assert sim.status["phase"] == "Queued" and sim.pods == {}
+    admit(sim)
+    sim.step()
+    assert len(sim.pods) == 3
+
+
+def test_a_deleted_job_finishes_its_workload_and_lets_it_go():
+    sim = admitted_and_running(queued(mwms_job()))
+    sim.api.delete_job(*sim.key)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    workload = sim.api.workload()
+    finished = conditions(workload)["Finished"]
+    assert (finished["status"], finished["reason"]) == ("True", "OwnerNotFound")
+    assert kueue.FINALIZER not in workload["metadata"]["finalizers"]  # the garbage collector takes it now
+
+
+def test_a_previous_jobs_workload_is_let_go_and_no_one_elses_is_touched():
+    sim = kueue_sim(queued(mwms_job()))
+    earlier = {
+        "apiVersion": f"{kueue.GROUP}/{kueue.VERSION}",
+        "kind": "Workload",
+        "metadata": {
+            "name": "trainingjob-mnist-0ld00", "namespace": sim.key[0], "uid": "w-old", "resourceVersion": "1",
+            "finalizers": [kueue.FINALIZER],
+            "labels": {api.LABEL_MANAGED_BY: api.MANAGER, api.LABEL_JOB: "mnist"},
+            "ownerReferences": [{"apiVersion": "kubetf.io/v1alpha1", "kind": "TrainingJob", "name": "mnist",
+                                 "uid": "an-earlier-mnist", "controller": True}],
+        },
+        "spec": {"podSets": []},
+        "status": {"conditions": []},
+    }  # fmt: skip
+    batch_job = {"apiVersion": "batch/v1", "kind": "Job", "name": "mnist", "uid": "a-batch-job", "controller": True}
+    not_ours = {"name": "not-ours", "uid": "w-other", "ownerReferences": [batch_job]}
+    stranger = {**earlier, "metadata": {**earlier["metadata"], **not_ours}}
+    sim.api.kueue["workloads"] = {"trainingjob-mnist-0ld00": earlier, "not-ours": stranger}
+    sim.step()
+    assert conditions(earlier)["Finished"]["reason"] == "OwnerNotFound"
+    assert earlier["metadata"]["finalizers"] == []
+    assert "status" not in stranger or conditions(stranger) == {}
+    assert stranger["metadata"]["finalizers"] == [kueue.FINALIZER]
+
+
+# ---------------------------------------------------------------------- moving from the pod integration
+
+
+def test_pods_made_under_kueues_pod_integration_stop_once_and_the_job_queues_under_its_own_workload():
+    sim = Sim(queued(mwms_job()))  # an operator before this one: Kueue's pod integration admitted the pods
+    sim.step()
+    run(sim)
+    sim.step()
+    for name, pod in sim.pods.items():
+        pod["metadata"]["finalizers"] = [kueue.POD_FINALIZER]
+        sim.api.update_pod(name)
+    sim.api.kueue = {"queues": {QUEUE: CLUSTER_QUEUE}, "workloads": {}, "classes": {}}
+    sim.restart_operator()
+    sim.step()
+    assert "NoWorkload" in sim.status["restarts"]["lastReason"]
+    assert sim.api.kueue["workloads"] == {}, "a Workload made while the old pods still run"
+    for pod in sim.pods.values():
+        pod["status"]["phase"] = "Failed"  # stopped; the pod integration's finalizer keeps them
+    for name in list(sim.pods):
+        sim.api.update_pod(name)
+    sim.step()
+    assert sim.pods == {}  # released by the operator
+    sim.step()
+    assert len(sim.api.kueue["workloads"]) == 1 and sim.status["phase"] == "Queued"
+
+
+# ---------------------------------------------------------------------- MultiKueue
+
+
+def test_multikueues_job_on_the_manager_has_its_workload_and_no_pod_and_follows_the_copied_status():
+    document = queued(mwms_job())
+    document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
+    sim = kueue_sim(document)
+    sim.api.deliver(sim.controller)
+    assert sim.controller.reconcile(sim.key) is None
+    assert len(sim.api.kueue["workloads"]) == 1 and sim.pods == {} and "status" not in sim.job
+    admit(sim)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert sim.pods == {} and "status" not in sim.job  # the worker runs it
+    # Kueue copies the worker's status: running, all ready.
+    sim.job["status"] = {"phase": "Running", "replicaStatuses": {"chief": {"active": 1, "ready": 1},
+                                                                 "worker": {"active": 2, "ready": 2}}}  # fmt: skip
+    sim.api.update_job(sim.key)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert conditions(sim.api.workload())["PodsReady"]["status"] == "True"
+    assert "patch status" not in sim.api.calls
+    sim.job["status"] = {"phase": "Succeeded", "conditions": [{"type": "Succeeded", "status": "True",
+                                                               "message": "mnist-chief-0 exited 0"}]}  # fmt: skip
+    sim.api.update_job(sim.key)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    workload = sim.api.workload()
+    assert conditions(workload)["Finished"]["reason"] == "Succeeded"
+    assert kueue.FINALIZER not in workload["metadata"]["finalizers"]
+
+
+def test_multikueues_evicted_job_gives_the_quota_back_once_the_worker_runs_nothing():
+    document = queued(mwms_job())
+    document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
+    sim = kueue_sim(document)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    admit(sim)
+    sim.job["status"] = {"phase": "Running", "replicaStatuses": {"chief": {"active": 1}, "worker": {"active": 2}}}
+    sim.api.update_job(sim.key)
+    kueue_evicts(sim, "AdmissionCheck", "Workload evicted on worker cluster")
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert sim.api.workload()["status"].get("admission") is not None
+    sim.job["status"]["replicaStatuses"] = {"chief": {"active": 0}, "worker": {"active": 0}}
+    sim.api.update_job(sim.key)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert "admission" not in sim.api.workload()["status"]
+
+
+def test_multikueues_copy_on_a_worker_adopts_the_prebuilt_workload_and_never_makes_one():
+    document = queued(mwms_job())
+    document["metadata"]["annotations"] = {kueue.PREBUILT: "trainingjob-mnist-abcde"}
+    document["metadata"]["labels"][kueue.ORIGIN_LABEL] = "multikueue"
+    sim = kueue_sim(document)
+    sim.step()
+    assert sim.api.kueue["workloads"] == {} and sim.pods == {}
+    assert "waiting for Workload trainingjob-mnist-abcde, which Kueue made for this job" in sim.condition()["message"]
+    prebuilt = {
+        "apiVersion": f"{kueue.GROUP}/{kueue.VERSION}", "kind": "Workload",
+        "metadata": {"name": "trainingjob-mnist-abcde", "namespace": sim.key[0], "uid": "w-1", "resourceVersion": "1",
+                     "labels": {api.LABEL_MANAGED_BY: api.MANAGER, api.LABEL_JOB: "mnist",
+                                kueue.ORIGIN_LABEL: "multikueue"}},
+        "spec": {"queueName": QUEUE, "podSets": [{"name": "chief", "count": 1}, {"name": "worker", "count": 2}]},
+    }  # fmt: skip
+    sim.api.kueue["workloads"]["trainingjob-mnist-abcde"] = prebuilt
+    admit(sim)
+    sim.step()
+    owner = kueue.controller_of(prebuilt)
+    assert owner["uid"] == sim.job["metadata"]["uid"] and owner["kind"] == "TrainingJob"
+    assert len(sim.pods) == 3
+    assert sim.pods["mnist-worker-0"]["metadata"]["labels"][kueue.WORKER_POD_LABEL] == "true"
+
+
+# ---------------------------------------------------------------------- restarts of the operator, the cache
 
 
 def test_an_operator_restarted_among_queued_and_admitted_jobs_writes_nothing():
     queued_sim = kueue_sim(queued(mwms_job()))
     queued_sim.step()
-    set_workload(queued_sim, QuotaReserved=("False", "insufficient unused quota for nvidia.com/gpu, 2 more needed"))
+    kueue_sets(queued_sim, QuotaReserved=("False", "Pending", "insufficient unused quota for nvidia.com/gpu"))
     queued_sim.step()
     running = admitted_and_running(queued(mwms_job()))
     for sim in (queued_sim, running):
         before = dict(sim.status)
+        workloads = repr(sim.api.kueue["workloads"])
         sim.restart_operator()  # its Workload and LocalQueue come from the priming lists, not a watch yet
         writes = sim.api.calls.count("patch status")
         sim.controller.reconcile(sim.key)
         assert sim.api.calls.count("patch status") == writes, sim.status
-        assert sim.status == before
+        assert sim.status == before and repr(sim.api.kueue["workloads"]) == workloads
+
+
+def test_a_running_job_whose_workload_the_cache_lacks_asks_the_api_before_stopping_anything():
+    sim = admitted_and_running(queued(mwms_job()))
+    sim.controller.store.workloads.clear()  # a watch that has not shown it (yet)
+    sim.step()
+    assert sim.status["phase"] == "Running" and sim.status["restarts"]["total"] == 0
+    assert "get Workload" in sim.api.calls
+
+
+def test_the_cache_keeps_what_the_decisions_read_of_a_workload():
+    sim = admitted_and_running(queued(mwms_job()))
+    workload = sim.api.workload()
+    workload["status"]["resourceRequests"] = [{"name": "worker", "resources": {"cpu": "2"}}]
+    workload["metadata"]["managedFields"] = [{"manager": "kueue"}]
+    slim = slim_workload(workload)
+    assert "resourceRequests" not in slim["status"] and "managedFields" not in slim["metadata"]
+    assert slim["status"]["conditions"] == workload["status"]["conditions"]  # sent back whole by a status write
+    assert [a["flavors"] for a in slim["status"]["admission"]["podSetAssignments"]] == [{"cpu": "default"}] * 2
+    assert slim["metadata"]["finalizers"] == [kueue.FINALIZER] and slim["spec"]["active"] is True
+    sim.api.kueue_wrote(workload)  # a change of nothing read: no reconcile
+    drain(sim)
+    sim.api.deliver(sim.controller)
+    assert len(sim.controller.queue) == 0
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("value", ["Team_A", "team-a-", "a" * 254])
+def test_a_queue_label_that_cannot_name_a_local_queue_is_refused(value):
+    document = queued(mwms_job())
+    document["metadata"]["labels"][kueue.QUEUE_LABEL] = value
+    problems = api.validate(document)
+    assert [p.path for p in problems] == [f"metadata.labels[{kueue.QUEUE_LABEL}]"]
+    assert "is not a LocalQueue name" in problems[0].message
+
+
+def test_managed_by_takes_only_the_values_the_crd_allows():
+    document = mwms_job()
+    document["spec"]["managedBy"] = "someone/else"
+    assert [p.path for p in api.validate(document)] == ["spec.managedBy"]
+    document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
+    assert api.validate(document) == []
 
 
 def test_a_released_pod_is_deleted_at_once_rather_than_waiting_for_its_kubelet():
@@ -584,8 +698,14 @@ def test_a_released_pod_is_deleted_at_once_rather_than_waiting_for_its_kubelet()
     kube._patch_pod = lambda pod, patch: calls.append(("patch", [op["op"] for op in patch]))
     kube.delete_pod = lambda pod, grace_seconds=None: calls.append(("delete", grace_seconds)) or True
     held = {
-        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "finalizers": [kueue.FINALIZER]},
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "finalizers": [kueue.POD_FINALIZER]},
         "status": {"phase": "Failed"},
     }
     kube.release_pods([held])
     assert calls == [("patch", ["test", "test", "remove"]), ("delete", 0)]
+
+
+def test_replicas_of_a_job_are_counted_in_its_pod_sets():
+    document = api.with_defaults(queued(job(chief=replica(1), worker=replica(3))))
+    templates = {r: builders.desired_pod(document, r, 0) for r in api.replica_specs(document)}
+    assert [(p["name"], p["count"]) for p in kueue.pod_sets(document, templates)] == [("chief", 1), ("worker", 3)]

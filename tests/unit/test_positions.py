@@ -46,20 +46,23 @@ def tracking(count, pending, **config):
     positions = QueuePositions(Visibility(pending), store, queue, OperatorConfig(**config), clock=lambda: 0.0)
     jobs = [job(f"j{i}") for i in range(count)]
     for document in jobs:
-        positions.track(("team-a", document["metadata"]["name"]), document, kueue.Admission("lq", "cq"))
+        workload = {"metadata": {"name": kueue.workload_name(document)}}
+        positions.track(
+            ("team-a", document["metadata"]["name"]), document, kueue.Admission("lq", "cq", workload=workload)
+        )
     return positions, queue, jobs
 
 
 def test_the_front_of_the_queue_is_told_first_and_the_writes_stay_within_budget():
-    names = [("team-a", kueue.group_name(job(f"j{i}"))) for i in reversed(range(100))]  # j99 first in line
+    names = [("team-a", kueue.workload_name(job(f"j{i}"))) for i in reversed(range(100))]  # j99 first in line
     positions, queue, jobs = tracking(
         100, {"clusterqueues/cq": names}, queue_position_writes=1, queue_position_seconds=30
     )
     positions.poll()
     assert len(queue.added) == 30  # one write a second over the 30 s between reads
     assert queue.added[:3] == [("team-a", "j99"), ("team-a", "j98"), ("team-a", "j97")]
-    assert positions.position("team-a", kueue.group_name(jobs[99])) == 0
-    assert positions.position("team-a", kueue.group_name(jobs[0])) is None  # not told yet: its turn comes next
+    assert positions.position("team-a", kueue.workload_name(jobs[99])) == 0
+    assert positions.position("team-a", kueue.workload_name(jobs[0])) is None  # not told yet: its turn comes next
     queue.added.clear()
     positions.poll()
     assert len(queue.added) == 30 and queue.added[0] == ("team-a", "j69")
@@ -67,7 +70,7 @@ def test_the_front_of_the_queue_is_told_first_and_the_writes_stay_within_budget(
 
 
 def test_without_cluster_wide_access_each_local_queue_is_read_instead():
-    names = [("team-a", kueue.group_name(job("j0")))]
+    names = [("team-a", kueue.workload_name(job("j0")))]
     positions, _, _ = tracking(1, {"namespaces/team-a/localqueues/lq": names})
     positions.poll()  # 403 for the ClusterQueue: a namespaced install
     positions.poll()
@@ -76,7 +79,7 @@ def test_without_cluster_wide_access_each_local_queue_is_read_instead():
 
 
 def test_a_job_no_longer_queued_is_forgotten():
-    names = [("team-a", kueue.group_name(job("j0")))]
+    names = [("team-a", kueue.workload_name(job("j0")))]
     positions, queue, jobs = tracking(1, {"clusterqueues/cq": names})
     positions.poll()
     positions.track(("team-a", "j0"), jobs[0], None)  # admitted

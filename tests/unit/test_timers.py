@@ -4,11 +4,11 @@ or suspended meanwhile."""
 
 import pytest
 
-from kubetf.core import kueue, timers
 from kubetf.core import status as st
+from kubetf.core import timers
 from kubetf.core.config import DEFAULTS
 
-from .test_kueue import admit, kueue_preempts, kueue_sim, queued, run, terminate
+from .test_kueue import admit, kueue_evicts, kueue_sim, queued, run
 from .test_reconcile import T0, mwms_job, started
 
 pytestmark = pytest.mark.unit
@@ -48,8 +48,9 @@ def test_time_counts_from_the_admission_kueue_reports_not_from_when_the_operator
     started_at = T0 + HOUR - 10
     assert sim.status["startTime"] == sim.status["activeSince"] == st.format_time(started_at)
     assert "queuedSince" not in sim.status
-    assert plan.requeue_at == started_at + 30  # the startup timeout, from the admission
-    sim.step(advance=19)
+    # The active time counts from the admission; a pod's startup timeout from its creation (it exists only since).
+    assert plan.requeue_at == sim.now + 30
+    sim.step(advance=29)
     assert sim.status["phase"] == "Pending"
     sim.step(advance=1)
     assert (sim.status["phase"], sim.status["reason"]) == ("Failed", "StartupTimeout")
@@ -63,12 +64,12 @@ def test_the_deadline_counts_only_admitted_time_across_a_preemption():
     run(sim)
     sim.step(advance=60)
     assert sim.status["phase"] == "Running"
-    kueue_preempts(sim)  # 60 s of the 100 used
+    kueue_evicts(sim)  # 60 s of the 100 used
     sim.step()
     assert sim.status["phase"] == "Queued", "preempted by Kueue: queued at once"
     assert sim.status["activeSeconds"] == 60 and "activeSince" not in sim.status
-    terminate(sim)
-    for _ in range(4):
+    sim.gone()
+    for _ in range(2):
         sim.step()
     sim.step(advance=5 * HOUR)  # queued far past the deadline: nothing fires
     assert sim.status["phase"] == "Queued"
@@ -89,13 +90,13 @@ def test_a_preempted_job_waiting_past_its_startup_timeout_is_readmitted_and_time
     admitted_after(sim, 60)
     run(sim)
     sim.step()
-    kueue_preempts(sim)
+    kueue_evicts(sim)
     sim.step()
-    terminate(sim)
-    for _ in range(4):
+    sim.gone()
+    for _ in range(2):
         sim.step()
-    assert all(kueue.is_gated(p) for p in sim.pods.values()) and len(sim.pods) == 3
-    sim.step(advance=10 * 30)  # the new, gated pods wait ten startup timeouts
+    assert sim.pods == {}
+    sim.step(advance=10 * 30)  # queued for ten startup timeouts
     assert sim.status["phase"] == "Queued"
     admit(sim)
     plan = sim.step()
@@ -110,22 +111,18 @@ def test_a_preempted_job_waiting_past_its_startup_timeout_is_readmitted_and_time
 def test_a_scheduling_wait_after_a_long_queue_is_warned_about_only_after_its_grace():
     sim = kueue_sim(queued_job())
     sim.step()
-    gated_since = st.format_time(sim.now)
-    for name, pod in sim.pods.items():  # what the API server sets on a gated pod, at its creation
-        pod["status"]["conditions"] = [
-            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "lastTransitionTime": gated_since}
-        ]
-        sim.api.update_pod(name)
     sim.step(advance=HOUR)
     admit(sim)
-    for name, pod in sim.pods.items():  # ungated, and no node fits: the condition keeps its old transition time
+    sim.step()
+    unschedulable_since = st.format_time(sim.now)
+    for name, pod in sim.pods.items():  # no node fits
         pod["status"]["conditions"] = [
             {
                 "type": "PodScheduled",
                 "status": "False",
                 "reason": "Unschedulable",
                 "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
-                "lastTransitionTime": gated_since,
+                "lastTransitionTime": unschedulable_since,
             }
         ]
         sim.api.update_pod(name)
@@ -143,23 +140,15 @@ def test_an_evicted_workload_still_admitted_is_queued_not_restarting():
     sim.step()
     run(sim)
     sim.step()
-    workload = sim.api.kueue["workloads"][kueue.group_name(sim.job)]
-    workload["status"]["conditions"].append(
-        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "Preempted to accommodate a workload"}
-    )
-    kueue_preempts(sim)
-    # Kueue's eviction is under way: the Workload still says Admitted; its pods are being stopped.
-    workload["status"]["conditions"] = [
-        c if c["type"] != "Admitted" else {**c, "status": "True"} for c in workload["status"]["conditions"]
-    ]
+    kueue_evicts(sim)  # Kueue's eviction: the Workload still says Admitted until its quota is given back
     sim.step()
     assert sim.status["phase"] == "Queued"
     assert "evicted: Preempted to accommodate" in sim.condition()["message"]
-    terminate(sim)  # the old pods stop; the new ones come, gated, while the Workload still says Admitted
+    sim.gone()
     for _ in range(4):
         sim.step()
         assert sim.status["phase"] == "Queued"
-    assert len(sim.pods) == 3 and all(kueue.is_gated(p) for p in sim.pods.values())
+    assert sim.pods == {}
 
 
 def test_time_suspended_does_not_count_against_the_deadline():

@@ -68,8 +68,8 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 - apiGroups: [kubetf.io]
   resources: [trainingjobs/finalizers]
   verbs: [update]
-# patch: Kueue's pod groups (kubetf/kueue.py): a finished group is marked retriable-in-group=false, and Kueue's
-# finalizer leaves the deleted pods the operator replaces by name.
+# patch: pods created under Kueue's pod integration (before the operator made Workloads: docs/kueue.md): its
+# finalizer leaves such a pod once it is deleted and runs nothing.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete, patch]
@@ -81,15 +81,19 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 - apiGroups: [""]
   resources: [services, persistentvolumeclaims]
   verbs: [get, list, create]
-# Kueue: LocalQueues and Workloads watched (a queued job is admitted, evicted, its group complete again: at once,
-# not at a poll), and a LocalQueue the watch has not shown read; a queue's pending Workloads for a job's position.
+# Kueue's job framework (kubetf/core/kueue.py): a queued job's Workload made, watched (admitted, evicted: at once,
+# not at a poll) and written (its spec while it holds no quota, its activation, PodsReady, the quota given back
+# after an eviction, Finished, its finalizer); LocalQueues watched, one the watch has not shown read; a queue's
+# pending Workloads for a job's position. Never deleted: the garbage collector takes it with its job.
 - apiGroups: [kueue.x-k8s.io]
-  resources: [localqueues, workloads]
+  resources: [localqueues]
   verbs: [get, list, watch]
-# An ended job's Workload that no pod owns any more: deleted at once, so its quota does not wait for the garbage collector.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [delete]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
 - apiGroups: [visibility.kueue.x-k8s.io]
   resources: [localqueues/pendingworkloads]
   verbs: [get]
@@ -129,6 +133,20 @@ LocalQueue, tells every queued job its place. Only for an operator that serves e
 {{- define "kubetf.clusterQueueRules" -}}
 - apiGroups: [visibility.kueue.x-k8s.io]
   resources: [clusterqueues/pendingworkloads]
+  verbs: [get]
+{{- end }}
+
+{{/*
+Cluster-scoped objects a job's Workload needs, read one at a time: its priority (the WorkloadPriorityClass of the
+label kueue.x-k8s.io/priority-class, else the PriorityClass of spec.priorityClassName) when it is made, and the
+ResourceFlavors its admission assigned (their node labels and tolerations go on its pods).
+*/}}
+{{- define "kubetf.kueueClassRules" -}}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloadpriorityclasses, resourceflavors]
+  verbs: [get]
+- apiGroups: [scheduling.k8s.io]
+  resources: [priorityclasses]
   verbs: [get]
 {{- end }}
 

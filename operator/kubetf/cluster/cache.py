@@ -1,5 +1,5 @@
-"""What the watches delivered: every TrainingJob, the pods of each job, and Kueue's LocalQueues and the Workloads of
-the jobs' pod groups, so reconciles read no API.
+"""What the watches delivered: every TrainingJob, the pods of each job, Kueue's LocalQueues and the jobs' Workloads,
+and the jobs' gang PodGroups, so reconciles read no API.
 
 Objects are kept slim (only the fields the decisions read) and as compact JSON: at 10,000 jobs and 50,000 pods
 parsed dicts would cost several hundred MiB, strings a fraction of that. A reconcile parses the few it needs.
@@ -78,18 +78,13 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     ]  # fmt: skip
     if controller:
         slim_meta["ownerReferences"] = controller[:1]  # whose it is: this job's, a previous one's, or another's
-    # Finalizers: Kueue's (kubetf.core.kueue), and whether a forced deletion removes the pod at once (executor).
+    # Finalizers: Kueue's pod integration's (kubetf.core.kueue.legacy_held), and whether a forced deletion removes
+    # the pod at once (executor).
     if meta.get("finalizers"):
         slim_meta["finalizers"] = list(meta["finalizers"])
-    # Kueue's other marks: the retriable-in-group annotation, its admission gate.
-    retriable = (meta.get("annotations") or {}).get(kueue.RETRIABLE_ANNOTATION)
-    if retriable is not None:
-        slim_meta["annotations"] = {kueue.RETRIABLE_ANNOTATION: retriable}
     slim_spec: Obj = {"containers": [{"name": c.get("name")} for c in spec.get("containers") or []]}
     if spec.get("nodeName"):
         slim_spec["nodeName"] = spec["nodeName"]
-    if any(g.get("name") == kueue.GATE for g in spec.get("schedulingGates") or []):
-        slim_spec["schedulingGates"] = [{"name": kueue.GATE}]
     slim_status = {
         k: status[k]
         for k in ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses")
@@ -105,22 +100,41 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
 
 
 def slim_workload(workload: Mapping[str, Any]) -> Obj:
-    """What kubetf.core.kueue reads of a Workload: identity, its owners (the group's pods), its conditions."""
+    """What kubetf.core.kueue reads of a Workload: identity, owners, labels and finalizers; its activation, queue
+    and PodSets (names, counts, topology requests); its conditions (all of them: a status write sends the whole
+    list back), admission (flavors, topology) and admission checks. Not its resourceVersion: the store keeps it
+    apart, so an update that changes nothing read compares equal."""
     meta = workload.get("metadata") or {}
-    slim_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
-    slim_meta["ownerReferences"] = [
-        {"kind": o.get("kind"), "uid": o.get("uid")} for o in meta.get("ownerReferences") or []
-    ]
-    kept = ("type", "status", "reason", "message", "lastTransitionTime")
-    conditions = [
-        {k: c[k] for k in kept if k in c}
-        for c in (workload.get("status") or {}).get("conditions") or []
-        if c.get("type") in WORKLOAD_CONDITIONS
-    ]
-    return {"metadata": slim_meta, "status": {"conditions": conditions}}
-
-
-WORKLOAD_CONDITIONS = ("QuotaReserved", "Admitted", "Evicted", "Requeued", "Finished", "PodsReady")
+    kept_meta = ("name", "namespace", "uid", "generation", "deletionTimestamp", "finalizers", "ownerReferences")
+    slim_meta: Obj = {k: meta[k] for k in kept_meta if k in meta}
+    slim_meta["labels"] = {
+        k: v for k, v in (meta.get("labels") or {}).items() if k in (api.LABEL_JOB, kueue.ORIGIN_LABEL)
+    }
+    spec_hash = (meta.get("annotations") or {}).get(kueue.SPEC_HASH_ANNOTATION)
+    if spec_hash:
+        slim_meta["annotations"] = {kueue.SPEC_HASH_ANNOTATION: spec_hash}
+    spec = workload.get("spec") or {}
+    pod_sets = []
+    for pod_set in spec.get("podSets") or []:
+        annotations = ((pod_set.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+        topology = {k: v for k, v in annotations.items() if k.startswith("kueue.x-k8s.io/podset-")}
+        slim_set: Obj = {"name": pod_set.get("name"), "count": pod_set.get("count")}
+        if topology:
+            slim_set["template"] = {"metadata": {"annotations": topology}}
+        pod_sets.append(slim_set)
+    slim_spec = {k: spec[k] for k in ("active", "queueName") if k in spec} | {"podSets": pod_sets}
+    status = workload.get("status") or {}
+    slim_status: Obj = {"conditions": list(status.get("conditions") or [])}
+    assignments = (status.get("admission") or {}).get("podSetAssignments")
+    if assignments is not None:
+        slim_status["admission"] = {
+            "podSetAssignments": [
+                {k: a[k] for k in ("name", "flavors", "count", "topologyAssignment") if k in a} for a in assignments
+            ]
+        }
+    if status.get("admissionChecks"):
+        slim_status["admissionChecks"] = status["admissionChecks"]
+    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
 
 
 def slim_pod_group(group: Mapping[str, Any]) -> Obj:
@@ -154,7 +168,6 @@ def pod_signature(pod: Obj) -> tuple[Any, ...]:
         st.is_ready(pod),
         st.pending_reason(pod),
         policy.disruption_reason(pod),
-        kueue.is_gated(pod),
         (pod.get("metadata") or {}).get("finalizers"),
     )
 
@@ -177,16 +190,11 @@ class Store:
         self.tombstones: OrderedDict[str, float] = OrderedDict()  # uid of a deleted object -> when
         self.cached_pods = 0  # kept as pods come and go: counting them would cost a pass over every job
         self.pod_uids: dict[str, tuple[Key, str]] = {}  # a pod's uid -> (its job, its name)
-        # Kueue (kubetf.core.kueue): LocalQueue -> its ClusterQueue; the groups' Workloads (slim JSON without their
-        # resourceVersion, so an update that changes nothing read compares equal); which job a group and a queue
-        # label belong to, so that a Workload's or a LocalQueue's event finds its jobs without parsing every job.
+        # Kueue (kubetf.core.kueue): LocalQueue -> its ClusterQueue; the jobs' Workloads, by job (their job label)
+        # and name: (resourceVersion, slim JSON); which LocalQueue a job names, so that a LocalQueue's event finds
+        # its jobs without parsing every job.
         self.local_queues: dict[Key, str] = {}
-        self.workloads: dict[Key, tuple[int, str]] = {}
-        # A job's groups: its own (named for its uid) while it is queued, and those its own pods carry
-        # (kueue.pod_group), kept after the job is gone until its farewell finds nothing left (`forget_groups`): its
-        # Workloads are found by these exact names, never by a prefix of the job's name.
-        self.groups: dict[Key, Key] = {}  # (namespace, group) -> job
-        self.job_groups: dict[Key, set[Key]] = {}  # job -> {(namespace, group)}
+        self.workloads: dict[Key, dict[str, tuple[int, str]]] = {}
         self.job_queues: dict[Key, Key] = {}  # job -> (namespace, LocalQueue)
         # The jobs' gang PodGroups (kubetf.core.gang), by job and name: (resourceVersion, slim JSON).
         self.pod_groups: dict[Key, dict[str, tuple[int, str]]] = {}
@@ -207,14 +215,11 @@ class Store:
         key = (api.namespace(job), api.name(job))
         version = resource_version(job)
         queue = kueue.queue_name(job)
-        group = kueue.group_name(job) if queue is not None and (job.get("metadata") or {}).get("uid") else None
         with self.lock:
             current = self.jobs.get(key)
             if self._buried(job) or (current is not None and version and current[0] >= version):
                 return False
             self.jobs[key] = (version, _encode(slim_job(job)))
-            if group is not None:
-                self._add_group(key, group)
             if queue is not None:
                 self.job_queues[key] = (key[0], queue)
             else:
@@ -231,19 +236,6 @@ class Store:
             self.jobs.pop(key, None)
             self.job_queues.pop(key, None)
             self._bury(uid)
-
-    def _add_group(self, key: Key, group: str) -> None:
-        self.groups[(key[0], group)] = key
-        self.job_groups.setdefault(key, set()).add((key[0], group))
-
-    def forget_groups(self, key: Key) -> None:
-        """The job is gone and nothing of it is left: its groups, and their Workloads' events, are not its any more."""
-        with self.lock:
-            if key in self.jobs or key in self.pods:
-                return
-            for group in self.job_groups.pop(key, set()):
-                if self.groups.get(group) == key:
-                    del self.groups[group]
 
     def prune_jobs(self, namespace: str, listed: set[Key], list_version: int) -> list[Key]:
         """Drop the jobs of `namespace` ("": all) missing from a list taken at `list_version` (a watch gap hid their
@@ -279,9 +271,6 @@ class Store:
             if current is not None and version and current[0] >= version:
                 return False
             uid = slim["metadata"].get("uid", "")
-            group = kueue.pod_group(slim)
-            if group is not None:
-                self._add_group(job, group)
             pods[name] = (version, _encode(slim), signature, uid)
             self.cached_pods += current is None
             if current is not None and current[3] != uid:
@@ -388,45 +377,68 @@ class Store:
             return [job for job, queue in self.job_queues.items() if queue == (namespace, name)]
 
     def put_workload(self, workload: Mapping[str, Any]) -> Key | None:
-        """Store the Workload of one of the jobs' groups (any other is not kept: another job type's, another
-        team's pod group); the group's job when what the decisions read of it changed. The jobs and their pods are
-        cached before the Workloads are listed, and a group is known before its Workload exists."""
+        """Store a Workload under its job (the operator's job label: the watch selects only the operator's
+        Workloads); the job when what the decisions read of it changed."""
         meta = workload.get("metadata") or {}
-        key = (meta.get("namespace") or "", meta.get("name") or "")
+        job_name = (meta.get("labels") or {}).get(api.LABEL_JOB)
+        if not job_name:
+            return None
+        key = (meta.get("namespace") or "", job_name)
         version = resource_version(workload)
+        encoded = _encode(slim_workload(workload))
         with self.lock:
-            job = self.groups.get(key)
-            if job is None:
+            if self._buried(workload):
                 return None
-            slim = slim_workload(workload)
-            slim["metadata"].pop("resourceVersion", None)
-            encoded = _encode(slim)
-            current = self.workloads.get(key)
+            workloads = self.workloads.setdefault(key, {})
+            current = workloads.get(meta.get("name") or "")
             if current is not None and version and current[0] >= version:
                 return None
-            self.workloads[key] = (version, encoded)
-            return job if current is None or current[1] != encoded else None
+            workloads[meta.get("name") or ""] = (version, encoded)
+        return key if current is None or current[1] != encoded else None
 
-    def remove_workload(self, namespace: str, name: str) -> Key | None:
+    def remove_workload(self, workload: Mapping[str, Any]) -> Key | None:
+        meta = workload.get("metadata") or {}
+        key = (meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or "")
+        name, uid = meta.get("name") or "", meta.get("uid") or ""
         with self.lock:
-            if self.workloads.pop((namespace, name), None) is None:
+            self._bury(uid)
+            workloads = self.workloads.get(key)
+            entry = workloads.get(name) if workloads is not None else None
+            # Only that one: a late DELETED event must not take a newer Workload of the same name along.
+            if workloads is None or entry is None or (uid and json.loads(entry[1])["metadata"].get("uid") != uid):
                 return None
-            return self.groups.get((namespace, name))
+            del workloads[name]
+            if not workloads:
+                del self.workloads[key]
+        return key
 
-    def prune_workloads(self, namespace: str, listed: set[Key], list_version: int) -> list[Key]:
+    def prune_workloads(self, namespace: str, listed: set[tuple[Key, str]], list_version: int) -> list[Key]:
         """Drop the Workloads of `namespace` ("": all) missing from a list taken at `list_version`; returns their
         jobs."""
+        changed = []
         with self.lock:
-            gone = _missing(self.workloads, namespace, listed, list_version)
-            for key in gone:
-                del self.workloads[key]
-            return [job for key in gone if (job := self.groups.get(key)) is not None]
+            for key, workloads in list(self.workloads.items()):
+                if namespace and key[0] != namespace:
+                    continue
+                for name, (stored, _) in list(workloads.items()):
+                    if (key, name) not in listed and stored <= list_version:
+                        del workloads[name]
+                        changed.append(key)
+                if not workloads:
+                    del self.workloads[key]
+        return changed
 
     def workloads_of(self, key: Key) -> list[Obj]:
-        """The Workloads of the job's groups (its own and those its pods carry), by their exact names."""
+        """The Workloads labelled for the job's name (its own, and a previous job's of that name), each with its
+        resourceVersion: a write of it goes against the version read."""
         with self.lock:
-            entries = [e for group in self.job_groups.get(key, ()) if (e := self.workloads.get(group)) is not None]
-        return [json.loads(encoded) for _, encoded in entries]
+            entries = list((self.workloads.get(key) or {}).values())
+        found = []
+        for version, encoded in entries:
+            workload = json.loads(encoded)
+            workload["metadata"]["resourceVersion"] = str(version)
+            found.append(workload)
+        return found
 
     # ------------------------------------------------------------------ gangs (kubetf.core.gang)
 
@@ -486,11 +498,6 @@ class Store:
                 if not groups:
                     del self.pod_groups[key]
         return changed
-
-    def workload(self, namespace: str, name: str) -> Obj | None:
-        with self.lock:
-            entry = self.workloads.get((namespace, name))
-        return json.loads(entry[1]) if entry else None
 
 
 def _missing(entries: dict[Key, tuple[int, str]], namespace: str, listed: set[Key], list_version: int) -> list[Key]:

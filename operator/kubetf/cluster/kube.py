@@ -23,7 +23,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.cluster import metrics
-from kubetf.cluster.kube_api import Creation, Deletion, LogUnreadable, NotLeader, NotServed, Refused
+from kubetf.cluster.kube_api import Conflict, Creation, Deletion, LogUnreadable, NotLeader, NotServed, Refused
 from kubetf.core import api, gang, kueue
 from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 
@@ -34,11 +34,19 @@ Obj = dict[str, Any]
 # Every write is the leader's alone but these: the election's own Lease, and the progress endpoint's TokenReviews
 # (a question to the API server, not a change).
 UNGUARDED_RESOURCES = {"leases", "tokenreviews"}
-# The custom kinds a job owns besides its pods, Service and PVC: a gang's objects (kubetf.core.gang).
+# The custom kinds a job owns besides its pods, Service and PVC: a gang's objects (kubetf.core.gang), its Kueue
+# Workload (kubetf.core.kueue).
 CUSTOM_PLURALS = {
     (gang.NATIVE_GROUP, "PodGroup"): "podgroups",
     (gang.NATIVE_GROUP, "Workload"): "workloads",
     (gang.VOLCANO_GROUP, "PodGroup"): "podgroups",
+    (kueue.GROUP, "Workload"): "workloads",
+}
+# Cluster-scoped objects the operator reads for a job's Workload: (group, version, plural) by kind.
+CLUSTER_OBJECTS = {
+    "WorkloadPriorityClass": (kueue.GROUP, kueue.VERSION, "workloadpriorityclasses"),
+    "ResourceFlavor": (kueue.GROUP, kueue.VERSION, "resourceflavors"),
+    "PriorityClass": ("scheduling.k8s.io", "v1", "priorityclasses"),
 }
 READS = ("get", "list", "watch")
 PAGE_SIZE = 500
@@ -414,10 +422,58 @@ class Kube:
 
     # ------------------------------------------------------------------ Kueue (kubetf.core.kueue)
 
-    def mark_unretriable(self, pods: list[Obj]) -> None:
-        """Tell Kueue these pods will not be replaced: their group's Workload finishes once none runs."""
-        patch = {"metadata": {"annotations": {kueue.RETRIABLE_ANNOTATION: "false"}}}
-        list(self.pool.map(lambda pod: self._patch_pod(pod, patch), pods))
+    def get_workload(self, namespace: str, name: str) -> Obj | None:
+        """A Workload; None when it does not exist, or the cluster has no Kueue."""
+        return self._get(
+            "workloads", self.custom.get_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace, "workloads",
+            name,
+        )  # fmt: skip
+
+    def get_cluster_object(self, kind: str, name: str) -> Obj | None:
+        """A WorkloadPriorityClass, PriorityClass or ResourceFlavor; None when it does not exist."""
+        group, version, plural = CLUSTER_OBJECTS[kind]
+        return self._get(plural, self.custom.get_cluster_custom_object, group, version, plural, name)
+
+    def write_workload(self, write: kueue.WorkloadWrite, resource_version: str) -> Obj | None:
+        """One write of a Workload (kubetf.core.kueue.WorkloadWrite) against `resource_version`: a merge patch of its
+        status subresource or of the object, or its finalizer removed. Returns the Workload as written; None when it
+        is gone. Raises `Conflict` when it changed since that version (the watch brings the newer one)."""
+        meta = write.workload["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if write.part == "unfinalize":
+            finalizers = list(meta.get("finalizers") or [])
+            if kueue.FINALIZER not in finalizers:
+                return write.workload
+            at = finalizers.index(kueue.FINALIZER)
+            patch: Any = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+                {"op": "test", "path": f"/metadata/finalizers/{at}", "value": kueue.FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{at}"},
+            ]
+        else:
+            patch = {
+                **write.patch,
+                "metadata": {**write.patch.get("metadata", {}), "resourceVersion": resource_version},
+            }
+        method = (
+            self.custom.patch_namespaced_custom_object_status
+            if write.part == "status"
+            else self.custom.patch_namespaced_custom_object
+        )
+        resource = "workloads/status" if write.part == "status" else "workloads"
+        content_type = "application/json-patch+json" if write.part == "unfinalize" else None
+        try:
+            written: Obj = self._call(
+                "patch", resource, method, kueue.GROUP, kueue.VERSION, namespace, "workloads", name, patch,
+                _content_type=content_type,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            if error.status == 409 or (error.status == 422 and write.part == "unfinalize"):  # (422: a test failed)
+                raise Conflict(f"Workload {namespace}/{name} changed since version {resource_version}") from error
+            raise
+        return written
 
     def delete_object(self, obj: Obj) -> bool:
         """Delete one of a job's custom objects (a gang's PodGroup), that incarnation only. False when not there."""
@@ -438,12 +494,6 @@ class Kube:
             raise
         return {r.get("name") for r in (found or {}).get("resources") or [] if r.get("name")}
 
-    def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
-        """Delete a Kueue Workload, that incarnation only. False when not there."""
-        return self._delete_custom(
-            kueue.GROUP, kueue.VERSION, namespace, "workloads", name, {"preconditions": {"uid": uid}}
-        )
-
     def _delete_custom(self, group: str, version: str, namespace: str, plural: str, name: str, body: Obj) -> bool:
         """False when the object is not there, or is another incarnation (409: the uid precondition failed)."""
         try:
@@ -458,22 +508,22 @@ class Kube:
         return True
 
     def release_pods(self, pods: list[Obj]) -> None:
-        """Remove Kueue's finalizer from these deleted pods (they run nothing any more: kueue.held), and end their
-        deletion at once: the kubelet would confirm it only once it has cleaned up after the containers, most of a
-        second that the replacement of the same name, and a preempted group's readmission, would wait for."""
+        """Remove Kueue's pod-integration finalizer from these deleted pods (they run nothing any more:
+        kueue.legacy_held), and end their deletion at once: the kubelet would confirm it only once it has cleaned
+        up after the containers, most of a second that the replacement of the same name would wait for."""
         list(self.pool.map(self._release, pods))
 
     def _release(self, pod: Obj) -> None:
         meta = pod["metadata"]
         for _attempt in range(3):
             finalizers = meta.get("finalizers") or []
-            if kueue.FINALIZER not in finalizers:
+            if kueue.POD_FINALIZER not in finalizers:
                 return
-            at = finalizers.index(kueue.FINALIZER)
+            at = finalizers.index(kueue.POD_FINALIZER)
             # The uid and the finalizer's place are tested: never another pod of that name, never another entry.
             patch = [
                 {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
-                {"op": "test", "path": f"/metadata/finalizers/{at}", "value": kueue.FINALIZER},
+                {"op": "test", "path": f"/metadata/finalizers/{at}", "value": kueue.POD_FINALIZER},
                 {"op": "remove", "path": f"/metadata/finalizers/{at}"},
             ]
             try:
@@ -544,8 +594,9 @@ class Kube:
         return response
 
     def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
-        """Kueue's Workloads (namespace "": all), page by page; none where Kueue is not installed or not readable."""
-        return self._kueue_pages("workloads", namespace)
+        """The operator's Kueue Workloads (namespace "": all), page by page; none where Kueue is not installed or not
+        readable."""
+        return self._kueue_pages("workloads", namespace, f"{api.LABEL_MANAGED_BY}={api.MANAGER}")
 
     def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
         """Kueue's LocalQueues (namespace "": all), page by page; none where Kueue is not installed or not readable."""
@@ -560,9 +611,9 @@ class Kube:
             if error.status not in (403, 404):
                 raise
 
-    def _kueue_pages(self, resource: str, namespace: str) -> Iterator[tuple[list[Obj], int]]:
+    def _kueue_pages(self, resource: str, namespace: str, selector: str = "") -> Iterator[tuple[list[Obj], int]]:
         try:
-            yield from self.pages(resource, namespace, "", f"{kueue.GROUP}/{kueue.VERSION}")
+            yield from self.pages(resource, namespace, selector, f"{kueue.GROUP}/{kueue.VERSION}")
         except ApiException as error:
             if error.status not in (403, 404):
                 raise

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kubetf.core import api, gang, kueue
+from kubetf.core import api, gang
 from kubetf.core.api import Job
 from kubetf.core.progress import identity
 
@@ -169,11 +169,6 @@ def desired_pod(
     metadata["labels"] = dict(template_meta.get("labels") or {}) | pod_labels(job, role, index, attempt)
     if template_meta.get("annotations"):
         metadata["annotations"] = dict(template_meta["annotations"])
-    # A queued job's pods form one Kueue pod group (kubetf.core.kueue): admitted, and preempted, all together.
-    queue_labels, queue_annotations = kueue.pod_metadata(job)
-    metadata["labels"] |= queue_labels
-    if queue_annotations:
-        metadata["annotations"] = metadata.get("annotations", {}) | queue_annotations
     if spec.get("priorityClassName"):
         pod_spec["priorityClassName"] = spec["priorityClassName"]
 

@@ -18,7 +18,7 @@ class OperatorConfig:
     qps: float = 300.0
     burst: int = 600
     workers: int = 8  # reconciles run in parallel (one job is never reconciled by two at once)
-    # Safety resync: every job, pod and pod group Workload re-listed from the API server (paged), in case a watch
+    # Safety resync: every job, pod, Workload and PodGroup re-listed from the API server (paged), in case a watch
     # missed an event; the jobs whose state differs from the cache's are reconciled.
     resync_seconds: float = 600.0
     resync_jitter: float = 0.2

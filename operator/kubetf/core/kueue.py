@@ -1,50 +1,64 @@
-"""Kueue's plain-pod groups: what a queued job's pods carry, what Kueue's marks on them mean, and how the
-operator's restarts keep the job's admission. Pure functions.
+"""Kueue's job framework, as kubetf follows it: a TrainingJob is one of Kueue's external frameworks (the protocol of
+Kueue's `pkg/controller/jobframework`, v0.19; docs/kueue.md). Pure functions.
 
-Kueue (kueue.x-k8s.io, checked against v0.19's pkg/controller/jobs/pod) admits pods another controller creates
-when they carry a LocalQueue and a group: its webhook gates each pod, builds one Workload for the group once all
-of its pods exist, and ungates them when the Workload is admitted; pods created later while it stays admitted are
-ungated too. The protocol the operator follows (docs/kueue.md, "How it works"):
+- A job labelled with a LocalQueue (`kueue.x-k8s.io/queue-name`) gets one Workload, made by the operator and owned
+  by the job: one PodSet per role (its count, the template of its pods as the operator would create them), the
+  job's priority (a WorkloadPriorityClass from the label `kueue.x-k8s.io/priority-class`, else its PriorityClass),
+  the finalizer `kueue.x-k8s.io/resource-in-use`. No pod exists until Kueue admits it (`Admitted=True`).
+- Admitted, its pods are created with what the admission assigned to each PodSet merged in (the flavors' node labels
+  and tolerations, the admission checks' updates, Kueue's labels and annotations, a topology gate).
+- Kueue evicts it (preemption, a PodsReady timeout, a deactivation, its Workload deleted): every pod goes, as one
+  disruption; once none runs, the operator gives the quota back (the reservation cleared, `Requeued` set) and the
+  job waits in its queue again. The operator's own restarts (a failure, a lost worker) keep the admission.
+- `PodsReady` says whether all of the job's pods run and are ready; the job's end finishes the Workload at once
+  (its quota released), then its finalizer goes. A suspended job's Workload is deactivated (`spec.active`).
+- MultiKueue: a job with `spec.managedBy: kueue.x-k8s.io/multikueue` gets its Workload on the manager cluster and no
+  pod there (Kueue copies it to a worker cluster and its status back: `dispatched`); the worker's copy names the
+  Workload Kueue made for it (`kueue.x-k8s.io/prebuilt-workload-name`), which the operator there adopts instead of
+  making one.
 
-- every pod of a job labelled with a LocalQueue carries the queue, the job's group (its name and uid: stable
-  across restarts, never shared with a previous job of the same name) and the group's size, every replica of
-  every role; `spec.priorityClassName` becomes the pods' PriorityClass, the label `kueue.x-k8s.io/priority-class`
-  (a WorkloadPriorityClass) is copied;
-- Kueue preempts or evicts by marking every pod `TerminationTarget` and deleting them: a disruption of the whole
-  job, which is then Queued again with new (gated) pods in the same group;
-- Kueue keeps its finalizer on a finished pod until a replacement exists, but a replacement of the same name can
-  exist only once the old pod is gone: the operator removes that finalizer from its own deleted pods once they
-  run nothing, as Kueue's StatefulSet integration does. It keeps one while no other pod of the group exists: the
-  group's Workload, and so its admission, lives as long as one of its pods does;
-- at the end (success, failure, suspension, deletion) every pod gets `retriable-in-group: "false"`: Kueue then
-  finishes the Workload and releases its quota as soon as no pod runs.
+The Workload's status is written as Kueue's own job controllers write it with `WorkloadRequestUseMergePatch`: a merge
+patch of the status subresource with the resourceVersion read (the whole list of conditions: a merge patch replaces
+lists), conditions set as metav1's SetStatusCondition sets them.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubetf.core import api
-from kubetf.core import status as st
 from kubetf.core.api import Job
+from kubetf.core.status import format_time
 
 Pod = dict[str, Any]
+Workload = dict[str, Any]
 
-QUEUE_LABEL = api.QUEUE_LABEL
-GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
-RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
-FINALIZER = "kueue.x-k8s.io/managed"
-GATE = "kueue.x-k8s.io/admission"
-GROUP_WORKLOAD_ANNOTATION = "kueue.x-k8s.io/is-group-workload"  # "true" on the Workload of a plain-pod group
-TERMINATION_TARGET = "TerminationTarget"  # the pod condition Kueue sets on every pod it stops
-GROUP = "kueue.x-k8s.io"
-VERSION = "v1beta2"
-GROUP_UID_CHARS = 8  # of the job's uid in its group's name
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 VISIBILITY_GROUP, VISIBILITY_VERSION = "visibility.kueue.x-k8s.io", "v1beta2"  # Kueue's pendingworkloads
+QUEUE_LABEL = api.QUEUE_LABEL
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+PREBUILT = "kueue.x-k8s.io/prebuilt-workload-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
+FINALIZER = "kueue.x-k8s.io/resource-in-use"
+PODSET_LABEL = "kueue.x-k8s.io/podset"
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
+TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
+UNCONSTRAINED_TOPOLOGY = "kueue.x-k8s.io/podset-unconstrained-topology"
+LOCAL_QUEUE_LABEL, CLUSTER_QUEUE_LABEL = "kueue.x-k8s.io/local-queue-name", "kueue.x-k8s.io/cluster-queue-name"
+WORKER_POD_LABEL = "kueue.x-k8s.io/multikueue-worker-workload-pod"
+# What the operator asked of the Workload's spec (its queue and PodSets), so a changed job is seen without comparing
+# templates the API server has defaulted.
+SPEC_HASH_ANNOTATION = "kubetf.io/workload-spec-hash"
+# Kueue's pod integration's finalizer, on pods the operator created before it followed the job framework (docs/kueue.md,
+# "Moving from the pod integration"): removed from such a pod once it is deleted and runs nothing.
+POD_FINALIZER = "kueue.x-k8s.io/managed"
+MAX_MESSAGE = 32 * 1024
 
 # spec.managedBy: unset or ours means this operator; MultiKueue dispatches the job to a worker cluster instead.
 MANAGED_BY_OPERATOR = "kubetf.io/operator"
@@ -59,227 +73,266 @@ def managed_here(job: Job) -> bool:
     return (job.get("spec") or {}).get("managedBy") in (None, "", MANAGED_BY_OPERATOR)
 
 
-def group_name(job: Job) -> str:
-    """The job's pod group, which names its Workload: the job's name and the start of its uid (a label value)."""
-    return group_name_for(api.name(job), job["metadata"].get("uid", ""))
+def dispatched(job: Job) -> bool:
+    """MultiKueue runs the job on a worker cluster: here only its Workload."""
+    return (job.get("spec") or {}).get("managedBy") == MANAGED_BY_MULTIKUEUE
 
 
-def group_name_for(job_name: str, job_uid: str) -> str:
-    """The pod group of the job of that name and uid (`group_name`)."""
-    uid = job_uid[:GROUP_UID_CHARS]
-    return f"{job_name[: 62 - len(uid)]}-{uid}"
+def prebuilt_name(job: Job) -> str | None:
+    """The Workload Kueue made for this job (MultiKueue's copy on a worker): the annotation, else the label."""
+    meta = job.get("metadata") or {}
+    return (meta.get("annotations") or {}).get(PREBUILT) or (meta.get("labels") or {}).get(PREBUILT) or None
 
 
-def pod_group(pod: Pod) -> str | None:
-    """The group a pod of ours carries, when it is the group of the job that owns the pod (its controller's uid):
-    never a group the pod names for anything else."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    group, job_name = labels.get(GROUP_LABEL), labels.get(api.LABEL_JOB)
-    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
-    if not group or not job_name or not owners:
+def workload_name(job: Job) -> str:
+    """The job's Workload: the prebuilt one, else named as Kueue names its own jobs' (GetWorkloadNameForOwnerWithGVK:
+    `trainingjob-<name>-<5 hex of sha1(kind, group, name, uid)>`)."""
+    return prebuilt_name(job) or workload_name_for(api.name(job), str(job["metadata"].get("uid") or ""))
+
+
+def workload_name_for(name: str, uid: str, kind: str = api.KIND, group: str = api.GROUP) -> str:
+    """Kueue's GenerateWorkloadNameWithExtra without an extra, its ShortWorkloadNames gate off (the default)."""
+    digest = hashlib.sha1(f"{kind}\n{group}\n{name}\n{uid}".encode()).hexdigest()[:5]
+    return f"{(kind.lower() + '-' + name)[: 253 - 1 - 5]}-{digest}"
+
+
+def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    owners = [o for o in (obj.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")]
+    return owners[0] if owners else None
+
+
+def owned_by(workload: Workload, job: Job) -> bool:
+    owner = controller_of(workload)
+    return owner is not None and owner.get("uid") == job["metadata"].get("uid")
+
+
+def orphans(workloads: list[Workload], job: Job | None, name: str) -> list[Workload]:
+    """Workloads of a TrainingJob of this name that is gone (`job` None, or another incarnation now): Kueue's
+    FinalizeOrphanedWorkload finishes them (OwnerNotFound, their quota released) and drops their finalizer. Only
+    those whose controller is provably such a job: a TrainingJob of this name, of another uid."""
+    uid = job["metadata"].get("uid") if job is not None else None
+    found = []
+    for workload in workloads:
+        owner = controller_of(workload) or {}
+        if (
+            owner.get("kind") != api.KIND
+            or owner.get("name") != name
+            or not str(owner.get("apiVersion", "")).startswith(f"{api.GROUP}/")
+        ):
+            continue
+        if owner.get("uid") != uid:
+            found.append(workload)
+    return found
+
+
+# ---------------------------------------------------------------------- the Workload the operator makes
+
+
+@dataclass(frozen=True)
+class Priority:
+    """The job's priority as Kueue reads it: the class it comes from (a WorkloadPriorityClass or a PriorityClass)
+    and its value. `problem`: why it could not be read (no Workload is made until it can)."""
+
+    ref: dict[str, str] | None = None
+    value: int = 0
+    problem: str | None = None
+
+
+def priority_source(job: Job) -> tuple[str, str] | None:
+    """What to read for the job's priority: ("WorkloadPriorityClass" | "PriorityClass", name), in Kueue's order."""
+    wpc = ((job.get("metadata") or {}).get("labels") or {}).get(PRIORITY_LABEL)
+    if wpc:
+        return "WorkloadPriorityClass", wpc
+    pc = (job.get("spec") or {}).get("priorityClassName")
+    return ("PriorityClass", pc) if pc else None
+
+
+def priority_of(source: tuple[str, str] | None, found: dict[str, Any] | None) -> Priority:
+    """The Priority from the class read (`found`; None: it does not exist)."""
+    if source is None:
+        return Priority()
+    kind, name = source
+    if found is None:
+        where = f"the label {PRIORITY_LABEL}" if kind == "WorkloadPriorityClass" else "spec.priorityClassName"
+        return Priority(problem=f"{kind} {name} (from {where}) does not exist: create it or fix {where}")
+    group = GROUP if kind == "WorkloadPriorityClass" else "scheduling.k8s.io"
+    return Priority({"group": group, "kind": kind, "name": name}, int(found.get("value") or 0))
+
+
+def pod_sets(job: Job, templates: dict[str, Pod]) -> list[dict[str, Any]]:
+    """One PodSet per role, in TF_CONFIG's order, never changed (the admission's assignments pair with them by
+    index): its count and the template of its pods (`templates`: a pod of each role as the operator creates it)."""
+    sets = []
+    for role, spec in api.replica_specs(job).items():
+        pod = templates[role]
+        meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k in ("labels", "annotations")}
+        sets.append({"name": role, "count": spec["replicas"], "template": {"metadata": meta, "spec": pod["spec"]}})
+    return sets
+
+
+def _spec_hash(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def desired_workload(job: Job, templates: dict[str, Pod], priority: Priority) -> Workload:
+    """The job's Workload, as Kueue's jobframework builds one for its own job types (ConstructWorkload), with the
+    operator's labels (its watch selects them) and the hash of the spec it asked for."""
+    meta = job["metadata"]
+    owner = {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": api.name(job), "uid": meta.get("uid")}
+    spec: dict[str, Any] = {"queueName": queue_name(job), "podSets": pod_sets(job, templates)}
+    labels = {api.LABEL_MANAGED_BY: api.MANAGER, api.LABEL_JOB: api.name(job), JOB_UID_LABEL: str(meta.get("uid"))}
+    workload = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job),
+            "namespace": api.namespace(job),
+            "labels": labels,
+            "annotations": {SPEC_HASH_ANNOTATION: _spec_hash(spec)},
+            "finalizers": [FINALIZER],
+            "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": spec,
+    }
+    if priority.ref is not None:
+        spec["priorityClassRef"] = priority.ref
+        spec["priority"] = priority.value
+    return workload
+
+
+def spec_update(workload: Workload, job: Job, templates: dict[str, Pod]) -> dict[str, Any] | None:
+    """A job changed while its Workload holds no quota (its queue label, its replicas or templates): the Workload's
+    queue and PodSets follow (updateWorkloadToMatchJob). Under a reservation they are immutable: the running job
+    keeps what it was admitted with, and the change reaches the Workload once the reservation is given back."""
+    if condition(workload, "QuotaReserved") == "True":
         return None
-    return group if group == group_name_for(job_name, owners[0].get("uid") or "") else None
+    spec = {"queueName": queue_name(job), "podSets": pod_sets(job, templates)}
+    digest = _spec_hash(spec)
+    if ((workload.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == digest:
+        return None
+    return {"metadata": {"annotations": {SPEC_HASH_ANNOTATION: digest}}, "spec": spec}
 
 
-def group_size(job: Job) -> int:
-    return len(api.tasks(job))
+def adoption(workload: Workload, job: Job) -> dict[str, Any] | None:
+    """A prebuilt Workload (MultiKueue's on a worker) made the job's own, as Kueue's EnsurePrebuiltWorkloadOwnership:
+    a merge patch of its metadata; None when it is the job's already or another's (`adoptable`)."""
+    if controller_of(workload) is not None:
+        return None
+    meta = job["metadata"]
+    owner = {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": api.name(job), "uid": meta.get("uid"),
+             "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    others = list((workload.get("metadata") or {}).get("ownerReferences") or [])
+    labels = {
+        JOB_UID_LABEL: str(meta.get("uid") or ""),
+        api.LABEL_MANAGED_BY: api.MANAGER,
+        api.LABEL_JOB: api.name(job),
+    }
+    return {"metadata": {"labels": labels, "ownerReferences": [*others, owner]}}
 
 
-def pod_metadata(job: Job) -> tuple[dict[str, str], dict[str, str]]:
-    """Labels and annotations that put a queued job's pod in its group; nothing for a job without a queue."""
-    queue = queue_name(job)
-    if queue is None:
-        return {}, {}
-    labels = {QUEUE_LABEL: queue, GROUP_LABEL: group_name(job)}
-    priority = (job["metadata"].get("labels") or {}).get(PRIORITY_LABEL)
-    if priority:
-        labels[PRIORITY_LABEL] = priority
-    return labels, {TOTAL_ANNOTATION: str(group_size(job))}
+def adoptable(workload: Workload, job: Job) -> bool:
+    """The job's prebuilt Workload, not another object's."""
+    owner = controller_of(workload)
+    return workload["metadata"].get("name") == prebuilt_name(job) and (owner is None or owned_by(workload, job))
 
 
-def is_gated(pod: Pod) -> bool:
-    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+# ---------------------------------------------------------------------- what Kueue says of it
 
 
-def termination_target(pod: Pod) -> str | None:
-    """Why Kueue is stopping the pod (preempted, evicted, its Workload deleted), or None."""
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == TERMINATION_TARGET and condition.get("status") == "True":
-            reason = condition.get("reason") or "Stopped"
-            return f"{reason} by Kueue: {condition.get('message', '')}".rstrip(": ")
+def condition(obj: dict[str, Any] | None, type_: str, key: str = "status") -> str | None:
+    for found in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if found.get("type") == type_:
+            return str(found.get(key) or "")
     return None
-
-
-def _finalized_by_kueue(pod: Pod) -> bool:
-    return FINALIZER in ((pod.get("metadata") or {}).get("finalizers") or [])
-
-
-def held(pod: Pod, lost_nodes: Collection[str]) -> bool:
-    """Deleted, running nothing (finished, never placed on a node, or on a node that is gone), and kept only for
-    Kueue's bookkeeping by its finalizer."""
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    if not meta.get("deletionTimestamp") or not _finalized_by_kueue(pod):
-        return False
-    node = (pod.get("spec") or {}).get("nodeName")
-    return status.get("phase") in ("Succeeded", "Failed") or not node or node in lost_nodes
-
-
-def to_release(
-    pods: list[Pod],
-    lost_nodes: Collection[str],
-    ending: bool,
-    staying: list[Pod] | None = None,
-    workload: dict[str, Any] | None = None,
-) -> list[Pod]:
-    """The held pods whose finalizer the operator removes, so that their names are free for replacements.
-
-    While the job goes on, the group's Workload must outlive the restart. It is owned by the group's pods (Kueue
-    adds each new pod as an owner) and garbage-collected once no owner is left. `staying`: the pods that stay (of
-    the tasks' current attempts, not being deleted); one held pod that owns the Workload is kept until a staying
-    pod does, or, before Kueue made a Workload, until a staying pod exists."""
-    releasable = sorted((p for p in pods if held(p, lost_nodes)), key=lambda p: p["metadata"]["name"])
-    if ending or not releasable:
-        return releasable
-    staying = staying or []
-    if workload is None:
-        return releasable if staying else releasable[1:]
-    owners = {o.get("uid") for o in workload["metadata"].get("ownerReferences") or []}
-    if any(p["metadata"].get("uid") in owners for p in staying):
-        return releasable
-    keep = next((p for p in releasable if p["metadata"].get("uid") in owners), releasable[0])
-    return [p for p in releasable if p is not keep]
-
-
-def needs_unretriable(pods: list[Pod]) -> list[Pod]:
-    """Pods of an ending job still without `retriable-in-group: "false"`: with it Kueue finishes the group's
-    Workload once no pod runs, rather than waiting for replacements that will never come."""
-    return [
-        p
-        for p in pods
-        if _finalized_by_kueue(p) and ((p["metadata"].get("annotations") or {}).get(RETRIABLE_ANNOTATION) != "false")
-    ]
-
-
-def bookkeeping(
-    job: Job,
-    status: dict[str, Any],
-    pods: list[Pod],
-    deleting: list[Pod],
-    lost_nodes: Collection[str],
-    ending: bool,
-    workload: dict[str, Any] | None,
-) -> tuple[list[Pod], list[Pod]]:
-    """Kueue's side of a plan: (the pods to mark not to be replaced, those whose finalizer to remove). A job that
-    ends (`ending`) marks its pods, so Kueue finishes its Workload and releases the quota; deleted pods that run
-    nothing are released, so their names are free for replacements and an ending job's pods are gone at once.
-    `deleting`: the pods the plan deletes now."""
-    if not any(_finalized_by_kueue(p) for p in pods):
-        return [], []  # no pod of the job is Kueue's
-    group = group_name(job)
-    ours = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(GROUP_LABEL) == group]
-    others = [p for p in pods if p not in ours]  # a previous job's of the same name: its group has ended
-    views, _ = st.observe(dict(job, status=status), ours)
-    staying = [v.pod for v in views.values() if v.pod is not None and not st.is_deleting(v.pod)]
-    staying = [p for p in staying if not any(p is d for d in deleting)]
-    release = to_release(ours, lost_nodes, ending, staying, workload) + to_release(others, lost_nodes, ending=True)
-    return (needs_unretriable(pods) if ending else []), release
-
-
-def orphaned(workloads: list[dict[str, Any]], pods: list[Pod]) -> list[dict[str, Any]]:
-    """The Workloads of an ended job's pod groups (deleted, suspended, finished) that no pod of it owns any more and
-    Kueue has not finished: they would hold their quota until the garbage collector notices they have no owner,
-    in its own time. The operator deletes them at once (Kueue lets a deleted Workload go, and its quota with it).
-
-    `workloads`: those named exactly for the job's own groups (its uid's, and those its own pods carry: the cache
-    finds them by name, never by a prefix); one owned by anything but a pod is not a pod group's, whatever its
-    name, and stays."""
-    uids = {p["metadata"].get("uid") for p in pods}
-    return [
-        w
-        for w in workloads
-        if _condition(w, "Finished") != "True"
-        and all(o.get("kind") == "Pod" and o.get("uid") not in uids for o in w["metadata"].get("ownerReferences") or [])
-    ]
-
-
-def farewell(pods: list[Pod], lost_nodes: Collection[str]) -> tuple[list[Pod], list[Pod]]:
-    """A deleted job's pods go with it (garbage collection): with Kueue's finalizer they would stay, and hold the
-    quota, until Kueue finishes their group. (To mark not to be replaced, to release.)"""
-    pods = [p for p in pods if _finalized_by_kueue(p)]
-    return needs_unretriable(pods), to_release(pods, lost_nodes, ending=True)
-
-
-def waits_for_admission(views: dict[str, st.TaskView], admission: Admission | None) -> bool:
-    """The job cannot run until Kueue admits its group: its LocalQueue is missing, or its group is not admitted and
-    its pods are gated (or, none left, will be when created). A restart under an admitted group never waits: Kueue
-    ungates the replacements at once."""
-    if admission is None or not admission.installed or st.all_running(views):
-        return False
-    if admission.cluster_queue is None:
-        return True  # Kueue cannot admit it: say why, whatever the pods show
-    if admission.admitted:
-        return False
-    current = [v.pod for v in views.values() if v.pod is not None and not st.is_deleting(v.pod)]
-    return not current or any(is_gated(p) for p in current)
-
-
-def previous_runs_workload(admission: Admission | None, pods: list[Pod]) -> bool:
-    """A resumed job's group still names the finished Workload of its run before the suspension until Kueue's
-    pods are gone and it is garbage-collected: pods created meanwhile would join a finished Workload, never to
-    be admitted."""
-    return admission is not None and admission.finished and not pods
-
-
-# ---------------------------------------------------------------------- admission, as the operator reads it
 
 
 @dataclass(frozen=True)
 class Admission:
-    """What the cluster says of a queued job's admission: its LocalQueue and its group's Workload, read from the
-    operator's watches, and its place in the ClusterQueue from Kueue's visibility API (where served)."""
+    """What the cluster says of a queued job: its LocalQueue (and ClusterQueue) and its Workload, from the operator's
+    watches, and its place in the ClusterQueue from Kueue's visibility API (where served)."""
 
     local_queue: str
     cluster_queue: str | None  # None: no such LocalQueue in the job's namespace
     installed: bool = True  # False: the cluster has no Kueue API at all
-    workload: dict[str, Any] | None = None  # the group's Workload; None: not created (yet)
+    workload: Workload | None = None  # the job's Workload; None: not made (yet)
     position: int | None = None  # Kueue's positionInClusterQueue (0: next); None: not known
-    stopped: bool = False  # Kueue is stopping the job's pods (TerminationTarget): whatever the Workload still says
+    # For a job without its Workload: its priority, read from its class; for an admitted one: the ResourceFlavors its
+    # admission assigned (their node labels and tolerations go on its pods), by name.
+    priority: Priority | None = None
+    flavors: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def quota_reserved(self) -> bool:
+        return condition(self.workload, "QuotaReserved") == "True"
+
+    @property
+    def evicted(self) -> bool:
+        return condition(self.workload, "Evicted") == "True"
+
+    @property
+    def finished(self) -> bool:
+        return condition(self.workload, "Finished") == "True"
+
+    @property
+    def deleting(self) -> bool:
+        return bool(((self.workload or {}).get("metadata") or {}).get("deletionTimestamp"))
 
     @property
     def admitted(self) -> bool:
-        """Admitted, and not being evicted: an evicted Workload stays Admitted until its pods are gone."""
+        """Its pods may run: admitted (quota reserved, every admission check ready), and not being evicted, finished
+        or deleted."""
         return (
-            _condition(self.workload, "Admitted") == "True"
-            and _condition(self.workload, "Evicted") != "True"
+            condition(self.workload, "Admitted") == "True"
+            and not self.evicted
             and not self.finished
-            and not self.stopped
+            and not self.deleting
         )
 
     @property
     def admitted_at(self) -> str | None:
         """When Kueue admitted the Workload (its Admitted condition's lastTransitionTime), while it is admitted."""
-        return _condition(self.workload, "Admitted", "lastTransitionTime") if self.admitted else None
+        return condition(self.workload, "Admitted", "lastTransitionTime") if self.admitted else None
 
     @property
-    def finished(self) -> bool:
-        return _condition(self.workload, "Finished") == "True"
+    def active(self) -> bool:
+        return ((self.workload or {}).get("spec") or {}).get("active", True) is not False
+
+    def eviction(self) -> str:
+        """Why the job's pods are stopped: Kueue's Evicted condition, or its Workload deleted or not admitted."""
+        if self.evicted:
+            reason = condition(self.workload, "Evicted", "reason") or "Evicted"
+            message = condition(self.workload, "Evicted", "message") or ""
+            return f"{reason} by Kueue: {message}".rstrip(": ")
+        if self.workload is None:
+            return (
+                "NoWorkload: the pods of a queued job without a Workload of its own (made under Kueue's pod "
+                "integration: docs/kueue.md)"
+            )
+        name = self.workload["metadata"]["name"]
+        if self.deleting:
+            return f"WorkloadDeleted: its Workload {name} was deleted"
+        return f"NotAdmitted: its Workload {name} is not admitted by Kueue"
 
     def waiting(self, job: Job) -> tuple[str, str]:
-        """(reason, message) of a job whose pods wait for admission."""
+        """(reason, message) of a job that waits for Kueue."""
         queue = f"LocalQueue {self.local_queue}"
         if not self.installed:
             return "KueueNotInstalled", (
                 f"the label {QUEUE_LABEL} asks for Kueue, but the cluster has no Kueue API ({GROUP}): "
                 "install Kueue or remove the label"
             )
-        if self.cluster_queue is None:
+        if self.workload is None and self.cluster_queue is None:
             return "LocalQueueNotFound", (
                 f"{queue} does not exist in namespace {api.namespace(job)}: create it, or fix the label "
                 f"{QUEUE_LABEL} (kubectl get localqueues -n {api.namespace(job)})"
             )
-        where = f"{queue} (ClusterQueue {self.cluster_queue})"
-        size = group_size(job)
+        if self.workload is None and self.priority is not None and self.priority.problem:
+            return "PriorityClassNotFound", f"its Workload cannot be made: {self.priority.problem}"
+        prebuilt = prebuilt_name(job)
+        if self.workload is None and prebuilt:
+            return "Queued", f"waiting for Workload {prebuilt}, which Kueue made for this job (MultiKueue)"
+        where = f"{queue} (ClusterQueue {self.cluster_queue})" if self.cluster_queue else queue
+        size = len(api.tasks(job))
         place = ""
         if self.position is not None:
             place = (
@@ -287,26 +340,270 @@ class Admission:
             )
         if self.workload is None:
             return "Queued", f"waiting in {where} for Kueue to admit all {size} pods{place}"
-        words = _kueue_words(self.workload)
         name = self.workload["metadata"]["name"]
-        return "Queued", f"waiting in {where} for Kueue to admit all {size} pods (Workload {name}){place}{words}"
+        return "Queued", f"waiting in {where} for Kueue to admit all {size} pods (Workload {name}){place}{_words(self)}"
 
 
-def _condition(obj: dict[str, Any] | None, type_: str, field: str = "status") -> str | None:
-    for condition in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if condition.get("type") == type_:
-            return str(condition.get(field) or "")
-    return None
-
-
-def _kueue_words(workload: dict[str, Any]) -> str:
+def _words(admission: Admission) -> str:
     """Kueue's own explanation: why it was evicted, and why it is not admitted yet."""
+    workload = admission.workload
     parts = []
-    if _condition(workload, "Evicted") == "True":
-        parts.append(f"evicted: {_condition(workload, 'Evicted', 'message')}")
-    if _condition(workload, "QuotaReserved") == "False":
-        parts.append(_condition(workload, "QuotaReserved", "message") or "")
-    if _condition(workload, "Requeued") == "False":
-        parts.append(f"requeue: {_condition(workload, 'Requeued', 'message')}")
+    if not admission.active:
+        parts.append("the Workload is deactivated (spec.active: false): Kueue admits it once it is active again")
+    if admission.evicted:
+        parts.append(f"evicted: {condition(workload, 'Evicted', 'message')}")
+    if condition(workload, "QuotaReserved") == "False":
+        parts.append(condition(workload, "QuotaReserved", "message") or "")
+    if condition(workload, "Requeued") == "False":
+        parts.append(f"requeue: {condition(workload, 'Requeued', 'message')}")
+    checks = [c for c in (workload or {}).get("status", {}).get("admissionChecks") or [] if c.get("state") != "Ready"]
+    parts += [f"admission check {c.get('name')}: {c.get('state')} {c.get('message') or ''}".strip() for c in checks]
     parts = [p for p in parts if p]
     return ": " + "; ".join(parts) if parts else ""
+
+
+def waits_for_admission(admission: Admission | None) -> bool:
+    """The job may not run: Kueue has not admitted its Workload (or it has none yet). Without Kueue in the cluster
+    a labelled job runs unqueued (and is told so)."""
+    return admission is not None and admission.installed and not admission.admitted
+
+
+# ---------------------------------------------------------------------- admitted: what each pod gets
+
+
+@dataclass
+class PodSetInfo:
+    """What an admission gives the pods of a PodSet (Kueue's podset.PodSetInfo, without Count and Affinity, which
+    its Merge does not apply either)."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    scheduling_gates: list[dict[str, str]] = field(default_factory=list)
+
+
+def flavors_of(workload: Workload | None) -> set[str]:
+    """The ResourceFlavors the admission assigned (their node labels and tolerations go on the pods)."""
+    assignments = (((workload or {}).get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    return {name for a in assignments for name in (a.get("flavors") or {}).values()}
+
+
+def pod_set_infos(admission: Admission) -> dict[str, PodSetInfo]:
+    """Each role's PodSetInfo from the admission (getPodSetsInfoFromStatus): paired with the Workload's PodSets by
+    index; the flavors' node labels and tolerations; Kueue's labels and annotations; the admission checks' updates."""
+    workload = admission.workload or {}
+    status, spec = workload.get("status") or {}, workload.get("spec") or {}
+    assignments = (status.get("admission") or {}).get("podSetAssignments") or []
+    infos: dict[str, PodSetInfo] = {}
+    for pod_set, assignment in zip(spec.get("podSets") or [], assignments, strict=False):
+        info = PodSetInfo()
+        for name in sorted(set((assignment.get("flavors") or {}).values())):
+            flavor = (admission.flavors.get(name) or {}).get("spec") or {}
+            info.node_selector |= flavor.get("nodeLabels") or {}
+            info.tolerations += [t for t in flavor.get("tolerations") or [] if t not in info.tolerations]
+        if assignment.get("topologyAssignment") is not None:
+            info.scheduling_gates.append({"name": TOPOLOGY_GATE})
+            if not _topology_requested(pod_set):
+                info.annotations[UNCONSTRAINED_TOPOLOGY] = "true"
+        info.annotations[WORKLOAD_ANNOTATION] = workload["metadata"]["name"]
+        info.labels[PODSET_LABEL] = pod_set["name"]
+        if ((workload.get("metadata") or {}).get("labels") or {}).get(ORIGIN_LABEL):
+            info.labels[WORKER_POD_LABEL] = "true"
+        info.labels[LOCAL_QUEUE_LABEL] = admission.local_queue
+        if admission.cluster_queue and len(admission.cluster_queue) <= 63:
+            info.labels[CLUSTER_QUEUE_LABEL] = admission.cluster_queue
+        for check in status.get("admissionChecks") or []:
+            for update in check.get("podSetUpdates") or []:
+                if update.get("name") == pod_set["name"]:
+                    info.labels |= update.get("labels") or {}
+                    info.annotations |= update.get("annotations") or {}
+                    info.node_selector |= update.get("nodeSelector") or {}
+                    info.tolerations += [t for t in update.get("tolerations") or [] if t not in info.tolerations]
+        infos[pod_set["name"]] = info
+    return infos
+
+
+def _topology_requested(pod_set: dict[str, Any]) -> bool:
+    annotations = ((pod_set.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    return any(k.startswith("kueue.x-k8s.io/podset-") and k.endswith("-topology") for k in annotations)
+
+
+def apply(pod: Pod, info: PodSetInfo | None) -> None:
+    """Merge a PodSetInfo into a pod (podset.Merge): labels, annotations, node selector, tolerations, gates."""
+    if info is None:
+        return
+    meta, spec = pod["metadata"], pod["spec"]
+    meta["labels"] = {**(meta.get("labels") or {}), **info.labels}
+    meta["annotations"] = {**(meta.get("annotations") or {}), **info.annotations}
+    if info.node_selector:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **info.node_selector}
+    if info.tolerations:
+        tolerations = spec.setdefault("tolerations", [])
+        tolerations += [copy.deepcopy(t) for t in info.tolerations if t not in tolerations]
+    if info.scheduling_gates:
+        gates = spec.setdefault("schedulingGates", [])
+        gates += [g for g in info.scheduling_gates if g not in gates]
+
+
+# ---------------------------------------------------------------------- the job's part of the Workload's status
+
+
+def inactive(pods: list[Pod], lost_nodes: Collection[str]) -> bool:
+    """None of the job's pods runs (Kueue's `!job.IsActive()`): every one finished, never placed on a node, or on
+    a node that is gone."""
+    for pod in pods:
+        phase = (pod.get("status") or {}).get("phase")
+        node = (pod.get("spec") or {}).get("nodeName")
+        if phase not in ("Succeeded", "Failed") and node and node not in lost_nodes:
+            return False
+    return True
+
+
+def _set(conditions: list[dict[str, Any]], new: dict[str, Any], now: float, generation: int | None) -> None:
+    """metav1's SetStatusCondition: lastTransitionTime moves only when the status does."""
+    new = {**new, "message": str(new.get("message") or "")[:MAX_MESSAGE]}
+    if generation is not None:
+        new["observedGeneration"] = generation
+    for found in conditions:
+        if found.get("type") == new["type"]:
+            if found.get("status") != new["status"]:
+                found["lastTransitionTime"] = format_time(now)
+            found.update(new)
+            return
+    conditions.append({**new, "lastTransitionTime": format_time(now)})
+
+
+class StatusWrite:
+    """The job's changes to its Workload's status in one reconcile, made on a copy and written as one merge patch
+    (`patch`): several writes with the same resourceVersion would conflict with each other."""
+
+    def __init__(self, workload: Workload, now: float) -> None:
+        self.before = workload
+        self.conditions = [dict(c) for c in (workload.get("status") or {}).get("conditions") or []]
+        self.clear_admission = False
+        self.now = now
+        self.generation = workload["metadata"].get("generation")
+
+    def _has(self, type_: str, key: str = "status") -> str | None:
+        found = next((c for c in self.conditions if c.get("type") == type_), None)
+        return None if found is None else str(found.get(key) or "")
+
+    def _set(self, new: dict[str, Any]) -> None:
+        _set(self.conditions, new, self.now, self.generation)
+
+    def pods_ready(self, admitted: bool, ready: bool) -> None:
+        """The PodsReady condition (generatePodsReadyCondition): True (Started, or Recovered after a recovery) when
+        all of the job's pods run and are ready; False WaitForStart before and while not admitted, WaitForRecovery
+        once an admitted job lost one. Written only when its status or reason changes."""
+        before_status, before_reason = self._has("PodsReady"), self._has("PodsReady", "reason")
+        if admitted and ready:
+            reason = "Recovered" if before_reason in ("WaitForRecovery", "Recovered") else "Started"
+            new = {"type": "PodsReady", "status": "True", "reason": reason,
+                   "message": "All pods reached readiness and the workload is running"}  # fmt: skip
+        elif admitted and (before_status == "True" or before_reason == "WaitForRecovery"):
+            new = {"type": "PodsReady", "status": "False", "reason": "WaitForRecovery",
+                   "message": "At least one pod has failed, waiting for recovery"}  # fmt: skip
+        else:
+            new = {"type": "PodsReady", "status": "False", "reason": "WaitForStart",
+                   "message": "Not all pods are ready or succeeded"}  # fmt: skip
+        if (before_status, before_reason) != (new["status"], new["reason"]):
+            self._set(new)
+
+    def release(self) -> None:
+        """An evicted job's quota given back once none of its pods runs (UnsetQuotaReservationWithCondition): no
+        admission, QuotaReserved and Admitted False; Requeued True after a preemption (back in line at once), False
+        otherwise (Kueue requeues it after its backoff, or once reactivated)."""
+        reason = self._has("Evicted", "reason") or "Pending"
+        message = self._has("Evicted", "message") or ""
+        requeued = "True" if reason in ("Preempted", "NodeFailures") else "False"
+        self._set({"type": "Requeued", "status": requeued, "reason": reason, "message": message})
+        self._set({"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message})
+        self._set({"type": "Admitted", "status": "False", "reason": "NoReservation",
+                   "message": "The workload has no reservation"})  # fmt: skip
+        self.clear_admission = True
+
+    def finish(self, reason: str, message: str) -> None:
+        """Finished (Succeeded, Failed, OwnerNotFound): Kueue releases the quota at once."""
+        if self._has("Finished") != "True":
+            self._set({"type": "Finished", "status": "True", "reason": reason, "message": message})
+
+    @property
+    def patch(self) -> dict[str, Any] | None:
+        """The merge patch of the status subresource; None when nothing changed."""
+        before = (self.before.get("status") or {}).get("conditions") or []
+        admission = (self.before.get("status") or {}).get("admission")
+        clear = self.clear_admission and admission is not None
+        if self.conditions == before and not clear:
+            return None
+        status: dict[str, Any] = {"conditions": self.conditions}
+        if clear:
+            status["admission"] = None
+        return {"status": status}
+
+
+def activation(workload: Workload, active: bool) -> dict[str, Any] | None:
+    """A suspended job's Workload deactivated (Kueue evicts it and it waits outside the queue), a resumed one's
+    active again; None when it is so already."""
+    if ((workload.get("spec") or {}).get("active", True) is not False) == active:
+        return None
+    return {"spec": {"active": active}}
+
+
+def finalized(workload: Workload) -> bool:
+    return FINALIZER in ((workload.get("metadata") or {}).get("finalizers") or [])
+
+
+@dataclass(frozen=True)
+class WorkloadWrite:
+    """One write of a Workload: `part` is `status` (a merge patch of the status subresource), `object` (a merge
+    patch of its metadata and spec), or `unfinalize` (the finalizer removed, `patch` unused). The shell adds the
+    resourceVersion read (the Workload's, then each write's answer's): a write never lands on a newer version."""
+
+    workload: Workload
+    part: str
+    patch: dict[str, Any] = field(default_factory=dict)
+
+
+def goodbye(workload: Workload, reason: str, message: str, now: float) -> list[WorkloadWrite]:
+    """A Workload whose job is done with it: finished (its quota released), then its finalizer removed."""
+    writes = []
+    status = StatusWrite(workload, now)
+    status.finish(reason, message)
+    if status.patch is not None:
+        writes.append(WorkloadWrite(workload, "status", status.patch))
+    if finalized(workload):
+        writes.append(WorkloadWrite(workload, "unfinalize"))
+    return writes
+
+
+# ---------------------------------------------------------------------- pods of the pod integration
+
+
+def legacy_held(pod: Pod, lost_nodes: Collection[str]) -> bool:
+    """A pod created under Kueue's pod integration (before this operator made Workloads), deleted, running nothing
+    (finished, never placed, or on a node that is gone), kept only by that integration's finalizer."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if not meta.get("deletionTimestamp") or POD_FINALIZER not in (meta.get("finalizers") or []):
+        return False
+    node = (pod.get("spec") or {}).get("nodeName")
+    return status.get("phase") in ("Succeeded", "Failed") or not node or node in lost_nodes
+
+
+def describe(write: WorkloadWrite) -> str:
+    """What a write does, for the operator's log."""
+    name = write.workload["metadata"]["name"]
+    if write.part == "unfinalize":
+        return f"Workload {name}: finalizer {FINALIZER} removed"
+    if write.part == "object":
+        return f"Workload {name}: {json.dumps(write.patch, sort_keys=True)[:300]}"
+    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in (write.workload.get("status") or {}).get(
+        "conditions") or []}  # fmt: skip
+    changed = [
+        f"{c['type']}={c['status']} ({c.get('reason')})"
+        for c in write.patch["status"].get("conditions") or []
+        if before.get(c["type"]) != (c.get("status"), c.get("reason"))
+    ]
+    if "admission" in write.patch["status"]:
+        changed.append("admission cleared (quota given back)")
+    return f"Workload {name}: {', '.join(changed)}"

@@ -2,8 +2,8 @@
 
 The shell (kubetf.runtime) fills an `Observed` from its cache and the API, calls `reconcile.plan`, and carries the
 `Plan` out in a fixed order without deciding anything itself: post the events and store the status decided so far
-(when `persist_first`), mark pods for Kueue, delete, force-delete, release, create batch by batch, then store the
-final status `reconcile.after_creates` derives from what was created.
+(when `persist_first`), delete, force-delete, release, create batch by batch, write the job's Workload (Kueue),
+then store the final status `reconcile.after_creates` derives from what was created.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from kubetf.core.api import Job
 from kubetf.core.failing import Failing
 from kubetf.core.gang import Served
-from kubetf.core.kueue import Admission, managed_here
+from kubetf.core.kueue import Admission, WorkloadWrite, managed_here
 from kubetf.core.progress.merge import Held
 from kubetf.core.sigterm import LogRead, Watched
 
@@ -26,7 +26,7 @@ Pod = dict[str, Any]
 class Observed:
     """Everything a reconcile of one job reads, at one instant."""
 
-    job: Job | None  # None: deleted (or being deleted); its pods go with it
+    job: Job | None  # None: deleted; its pods go with it
     pods: list[Pod]  # the pods of TrainingJobs of its name: its own, and a previous job's of the same name
     now: float
     # The nodes of the job's pods that stopped reporting (NotReady, Unknown, gone): since when, as far as known.
@@ -36,7 +36,7 @@ class Observed:
     # pods sent SIGTERM (by uid), and the logs read for this one (None: the log could not be read).
     sigterm: Mapping[str, Watched] = field(default_factory=dict)
     logs: Mapping[str, str | None] = field(default_factory=dict)
-    # The Workloads named for the job's pod groups, once it has ended (deleted, suspended, finished): kueue.orphaned
+    # The Workloads of TrainingJobs of its name but its own (a previous job's: kueue.orphans)
     workloads: list[dict[str, Any]] = field(default_factory=list)
     # The job's progress as the operator holds it, newer than its status until written (kubetf.core.progress)
     progress: Held | None = None
@@ -47,6 +47,7 @@ class Observed:
     # Gang scheduling (kubetf.core.gang): the schedulers' APIs the cluster serves, and the job's PodGroups.
     served: Served = field(default_factory=Served)
     pod_groups: list[dict[str, Any]] = field(default_factory=list)
+    key: tuple[str, str] = ("", "")  # the job's (namespace, name), whether it exists or not
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,10 @@ class Plan:
     trial: list[dict[str, Any]] = field(default_factory=list)
     batches: list[list[dict[str, Any]]] = field(default_factory=list)
     more_to_create: bool = False
-    # Kueue's pod groups (kubetf.core.kueue): pods marked not to be replaced, pods whose Kueue finalizer goes.
-    unretriable: list[Pod] = field(default_factory=list)
+    # Kueue (kubetf.core.kueue): deleted pods whose pod-integration finalizer goes; the writes of the job's
+    # Workloads, in order (a Workload to make is created as pods are: `batches`).
     release: list[Pod] = field(default_factory=list)
-    delete_workloads: list[dict[str, Any]] = field(default_factory=list)  # an ended job's, no pod left (kueue.orphaned)
+    workload_writes: list[WorkloadWrite] = field(default_factory=list)
     requeue_at: float | None = None
     delete_job: bool = False
     admission: Admission | None = None
@@ -109,12 +110,21 @@ class Plan:
 
 @dataclass(frozen=True)
 class Farewell:
-    """A deleted job's plan: its pods go with it (garbage collection) unless Kueue's finalizer holds them."""
+    """A deleted job's plan: its pods go with it (garbage collection); its Workloads are finished and let go, and
+    pods Kueue's pod integration still holds are released."""
 
-    unretriable: list[Pod]
+    writes: list[WorkloadWrite]
     release: list[Pod]
-    delete_workloads: list[dict[str, Any]]
     read_logs: list[LogRead] = field(default_factory=list)  # none: a farewell decides nothing on a log
+
+
+@dataclass
+class Dispatch:
+    """The plan of a job MultiKueue runs on another cluster (kubetf.core.kueue.dispatched): its Workload only."""
+
+    create: dict[str, Any] | None = None
+    writes: list[WorkloadWrite] = field(default_factory=list)
+    read_logs: list[LogRead] = field(default_factory=list)  # none
 
 
 def runs_here(job: Job | None) -> bool:

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from kubetf.core import api, kueue
+from kubetf.core import api
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.status import COMPLETED, CREATED, TaskView
@@ -71,11 +71,8 @@ def classify_signal(signal_number: int, restart_policy: str) -> Termination:
 
 
 def disruption_reason(pod: dict[str, Any]) -> str | None:
-    """Why a pod is being taken away from outside (Kueue's preemption or eviction, the scheduler's preemption, an
-    eviction, a node shutdown), or None."""
-    stopped_by_kueue = kueue.termination_target(pod)
-    if stopped_by_kueue:
-        return stopped_by_kueue
+    """Why a pod is being taken away from outside (the scheduler's preemption, an eviction, a node shutdown), or
+    None. (Kueue stops a whole job through its Workload: kubetf.core.reconcile.)"""
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":

@@ -59,9 +59,16 @@ OPERATOR: dict[str, Reason] = {
     ),
     "Queued": Reason(
         "condition (Queued), Normal event",
-        "Kueue has not admitted the job's pod group yet: its pods are gated and hold no quota. The message names "
+        "Kueue has not admitted the job's Workload yet: the job has no pod and holds no quota. The message names "
         "the LocalQueue, the ClusterQueue, the Workload, the place in the queue and Kueue's own words.",
         "Wait, or free quota in the ClusterQueue (`kubectl get workloads -n NS`). No timeout counts while queued.",
+    ),
+    "PriorityClassNotFound": Reason(
+        "condition (Queued), Warning event",
+        "The WorkloadPriorityClass named by the label `kueue.x-k8s.io/priority-class` (or the PriorityClass of "
+        "`spec.priorityClassName`) does not exist: the job's Workload cannot be made without its priority.",
+        "Create the class or fix the label or field (`kubectl get workloadpriorityclasses,priorityclasses`); the "
+        "operator reads it again every few seconds.",
     ),
     "LocalQueueNotFound": Reason(
         "condition (Queued), Warning event",
@@ -399,30 +406,57 @@ CAUSES: dict[str, Reason] = {
         "The pod got a `DisruptionTarget` condition without a reason.",
         "Nothing.",
     ),
-    "WorkloadEvicted": Reason(
-        "`Disrupted: WorkloadEvicted by Kueue: ...`",
-        "Kueue evicted the job's Workload (preempted for a higher priority, or `waitForPodsReady` timed out): the "
+    # Kueue stops a queued job's pods through its Workload (kubetf.core.kueue.Admission.eviction): the whole job
+    # restarts once, waits in its queue and resumes from its checkpoint once admitted again.
+    "Preempted": Reason(
+        "`Disrupted: Preempted by Kueue: ...`",
+        "Kueue preempted the job's Workload for one of higher priority, or to reclaim quota its cohort lent; the "
         "whole job restarts once and is Queued again.",
         "Nothing: it resumes from the checkpoint once Kueue admits it again.",
     ),
-    "WorkloadDeleted": Reason(
-        "`Disrupted: WorkloadDeleted by Kueue: ...`",
-        "The job's Workload was deleted, and Kueue stopped its pods.",
-        "Nothing: the new pods make a new Workload.",
+    "PodsReadyTimeout": Reason(
+        "`Disrupted: PodsReadyTimeout by Kueue: ...`",
+        "Kueue's `waitForPodsReady`: the job's pods were not all ready within its timeout after the admission (or "
+        "after a pod was lost); Kueue requeues it after a backoff.",
+        "Why the pods did not start: the job's earlier conditions (Unschedulable, ImagePullBackOff, ...).",
     ),
-    "NoMatchingWorkload": Reason(
-        "`Disrupted: NoMatchingWorkload by Kueue: ...`",
-        "Kueue found no Workload matching the pod group and stopped its pods.",
-        "Nothing, unless it repeats: then Kueue's log.",
+    "AdmissionCheck": Reason(
+        "`Disrupted: AdmissionCheck by Kueue: ...`",
+        "An admission check of the ClusterQueue asked to retry (a MultiKueue worker lost the job or evicted it); "
+        "Kueue requeues it after a backoff.",
+        "Nothing, unless it repeats: then `kubectl describe workload` for the check's message.",
+    ),
+    "Deactivated": Reason(
+        "`Disrupted: Deactivated by Kueue: ...` (or `DeactivatedDueTo...`)",
+        "The job's Workload was deactivated (`spec.active: false`): by someone, by Kueue past its requeuing limit "
+        "or `maximumExecutionTimeSeconds`, or after a rejected admission check. It waits until it is active again.",
+        "`kubectl patch workload NAME --type=merge -p '{\"spec\":{\"active\":true}}'` once the cause is fixed.",
+    ),
+    "ClusterQueueStopped": Reason(
+        "`Disrupted: ClusterQueueStopped by Kueue: ...` (or `LocalQueueStopped`)",
+        "An admin stopped the queue with `stopPolicy: HoldAndDrain`.",
+        "Nothing: the job waits until the queue runs again.",
+    ),
+    "NodeFailures": Reason(
+        "`Disrupted: NodeFailures by Kueue: ...`",
+        "Kueue's topology-aware scheduling found a node assigned to the job failed; the job is queued again at once.",
+        "Nothing: it resumes from the checkpoint on other nodes.",
+    ),
+    "WorkloadDeleted": Reason(
+        "`Disrupted: WorkloadDeleted: ...`",
+        "The job's Workload was deleted while its pods ran.",
+        "Nothing: the operator makes a new Workload once the pods are gone, and the job waits in its queue.",
     ),
     "NotAdmitted": Reason(
-        "`Disrupted: NotAdmitted by Kueue: ...`",
-        "Kueue stopped pods that ran without an admitted Workload.",
+        "`Disrupted: NotAdmitted: ...`",
+        "The job's pods ran while its Workload was no longer admitted, without an eviction.",
         "Nothing, unless it repeats: then Kueue's log.",
     ),
-    "Stopped": Reason(
-        "`Disrupted: Stopped by Kueue: ...`",
-        "Kueue stopped the pods without naming a reason.",
+    "NoWorkload": Reason(
+        "`Disrupted: NoWorkload: ...`",
+        "A queued job had pods but no Workload of its own: pods created under Kueue's pod integration, before the "
+        "operator made Workloads (docs/kueue.md, moving from the pod integration). They stop once; the job waits "
+        "in its queue under its own Workload.",
         "Nothing.",
     ),
 }

@@ -1,7 +1,7 @@
 """The reconcile decision, pure: from what a reconcile observed, everything the shell does (kubetf.core.plan).
 
 This module puts the policies in order; each lives in its own file: what ends a task and who restarts with it
-(policy), timers, create refusals (refusals), lost nodes (node_loss), Kueue's pod groups (kueue), an MWMS group's
+(policy), timers, create refusals (refusals), lost nodes (node_loss), Kueue's job framework (kueue), an MWMS group's
 SIGTERM (sigterm), the training's health (progress), the job's state from its pods (status). Restart counts and
 attempts are decided before any pod is touched (`Plan.persist_first`): a restart is never lost nor counted twice.
 """
@@ -16,7 +16,7 @@ from kubetf.core import api, builders, failing, gang, kueue, node_loss, policy, 
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.config import OperatorConfig
-from kubetf.core.plan import Event, Farewell, Observed, Plan, runs_here
+from kubetf.core.plan import Dispatch, Event, Farewell, Observed, Plan, runs_here
 from kubetf.core.policy import Outcome, Termination
 from kubetf.core.progress import health, identity
 from kubetf.core.refusals import Refusal
@@ -79,6 +79,7 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
         failing.mark(status, None, config.reconcile_error_after, seen.now)
     _deletions(result, seen, stale, config)
     _creations(result, decision.create, config, decision.gang_objects)
+    _workload(decision, seen)
     return result
 
 
@@ -101,14 +102,60 @@ def _training(result: Plan, seen: Observed, config: OperatorConfig) -> None:
     result.wake_at(judgement.wake_at)
 
 
-def decide(seen: Observed, config: OperatorConfig) -> Plan | Farewell:
-    """The plan of a job that runs here; the farewell of one that does not (deleted, or MultiKueue's)."""
-    return plan(seen, config) if runs_here(seen.job) else farewell(seen)
+def decide(seen: Observed, config: OperatorConfig) -> Plan | Farewell | Dispatch:
+    """The plan of a job that runs here; the Workload alone of one MultiKueue runs on another cluster; the farewell
+    of one that is gone."""
+    if runs_here(seen.job):
+        return plan(seen, config)
+    if seen.job is not None and not seen.job["metadata"].get("deletionTimestamp") and kueue.dispatched(seen.job):
+        return dispatch(seen, config)
+    return farewell(seen)
 
 
 def farewell(seen: Observed) -> Farewell:
-    """A job that does not run here (any more): what is left to do for its pods (kubetf.core.kueue)."""
-    return Farewell(*kueue.farewell(seen.pods, seen.lost_nodes), kueue.orphaned(seen.workloads, seen.pods))
+    """A job that is gone, or being deleted: its Workloads are finished and let go (Kueue's FinalizeOrphanedWorkload),
+    and its pods left by Kueue's pod integration released (kubetf.core.kueue)."""
+    name = seen.key[1]
+    writes = [
+        w
+        for workload in kueue.orphans(seen.workloads, None, name)
+        for w in kueue.goodbye(workload, "OwnerNotFound", "The workload's owner no longer exists", seen.now)
+    ]
+    return Farewell(writes, [p for p in seen.pods if kueue.legacy_held(p, seen.lost_nodes)])
+
+
+def dispatch(seen: Observed, config: OperatorConfig) -> Dispatch:
+    """A job MultiKueue runs on a worker cluster (kubetf.core.kueue.dispatched): here it has its Workload and no
+    pod, and its status is Kueue's copy of the worker's, never written here. Its Workload follows that copy: made
+    while it has none, PodsReady, its quota given back after an eviction once the copy shows no pod running,
+    finished when the copy says the job ended."""
+    assert seen.job is not None
+    job, admission, now = api.with_defaults(seen.job), seen.admission, seen.now
+    result = Dispatch()
+    name = api.name(job)
+    result.writes += [
+        w
+        for workload in kueue.orphans(seen.workloads, job, name)
+        for w in kueue.goodbye(workload, "OwnerNotFound", "The workload's owner no longer exists", now)
+    ]
+    if admission is None or not admission.installed:
+        return result
+    status = job.get("status") or {}
+    workload = admission.workload
+    if workload is None:
+        if status.get("phase") not in st.FINISHED:
+            result.create = _new_workload(job, admission, config)
+        return result
+    if status.get("phase") in st.FINISHED:
+        message = (st.current_condition(status) or {}).get("message") or ""
+        result.writes += kueue.goodbye(workload, "Succeeded" if status["phase"] == st.SUCCEEDED else "Failed", message,
+                                       now)  # fmt: skip
+        return result
+    result.writes += _object_writes(job, admission, config, suspended=bool(api.run_policy(job).get("suspend")))
+    counts = (status.get("replicaStatuses") or {}).values()
+    running = any(c.get("active") for c in counts)
+    result.writes += _status_writes(admission, now, ready=_all_ready(job, status), running=running)
+    return result
 
 
 def _decide(d: _Decision, seen: Observed) -> list[Pod]:
@@ -153,16 +200,21 @@ def _live(d: _Decision, seen: Observed) -> list[Pod]:
         d.transition(st.SUCCEEDED, "Succeeded", f"{who} exited 0")
         _finish(d, pods)
         return []
+    stopped = _stopped_by_kueue(d, views)
+    if stopped:
+        ended, everything = stopped, True  # the whole job stops: Kueue's eviction is the one cause
+    else:
+        everything = False
     if ended:
-        if not _restart(d, views, ended):
+        if not _restart(d, views, ended, everything):
             _finish(d, pods)
             return []
         phase = st.RESTARTING
     elif phase == st.RESTARTING and (recount := node_loss.caused_restart(views, status, seen.lost_nodes)):
         d.transition(st.RESTARTING, "NodeLost", recount, "Warning")
         result.persist_first = True
-    taken = _replace(d, views, seen, phase)
-    timers.account_job(status, views, result.admission, d.now)
+    taken = _replace(d, views, seen, phase) if not kueue.waits_for_admission(result.admission) else []
+    timers.account_job(status, result.admission, d.now)
     waiting = _gang_wait(d, seen, views)
     if waiting is not None and waiting.timed_out and gang.policy(job).get("onScheduleTimeout") == "Fail":
         result.delete += [p for v in views.values() for p in v.stale if not st.is_deleting(p)]
@@ -226,9 +278,7 @@ def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Wai
     if not any(g.get("metadata", {}).get("name") == name for g in seen.pod_groups):
         d.gang_objects = gang.desired_objects(job, d.gang, status) if d.create else []
     training = [v for v in views.values() if v.role in api.TRAINING_ROLES and v.state != COMPLETED]
-    active = status.get("activeSince") is not None and not any(
-        kueue.is_gated(v.pod) for v in training if v.pod is not None
-    )
+    active = status.get("activeSince") is not None
     if gang.placed(job, views):
         record.pop("waitingSince", None)
         record.setdefault("placedAt", st.format_time(now))
@@ -267,20 +317,122 @@ def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Wai
     return _Waiting("GangWaiting", message, False)
 
 
+def _stopped_by_kueue(d: _Decision, views: dict[str, TaskView]) -> list[tuple[TaskView, Termination]]:
+    """A queued job whose pods run while Kueue does not admit it (evicted: preempted, a PodsReady timeout,
+    deactivated; its Workload deleted; or pods older than its Workload): every pod stops, as one disruption."""
+    admission = d.plan.admission
+    if admission is None or not kueue.waits_for_admission(admission):
+        return []
+    live = [v for v in views.values() if v.state != COMPLETED and v.pod is not None and not st.is_deleting(v.pod)]
+    return [(live[0], Termination(Outcome.DISRUPTED, admission.eviction()))] if live else []
+
+
+def _workload(d: _Decision, seen: Observed) -> None:
+    """The job's part of Kueue's protocol (kubetf.core.kueue): its Workload made while it has none (once no pod of
+    it runs); a prebuilt one adopted; its queue and PodSets following the job while it holds no quota; deactivated
+    while the job is suspended; PodsReady; the quota given back after an eviction once no pod runs; finished when
+    the job ends. And the Workloads of a previous job of its name, let go."""
+    job, status, admission, now = d.job, d.status, d.plan.admission, d.now
+    writes = d.plan.workload_writes
+    writes += [
+        w
+        for workload in kueue.orphans(seen.workloads, job, api.name(job))
+        for w in kueue.goodbye(workload, "OwnerNotFound", "The workload's owner no longer exists", now)
+    ]
+    if admission is None or not admission.installed:
+        return
+    workload, phase = admission.workload, status.get("phase")
+    if workload is None:
+        if admission.priority is not None and admission.priority.problem:
+            d.plan.wake_at(now + d.config.local_queue_recheck)  # no watch shows the class: read it again then
+        made = _new_workload(job, admission, d.config)
+        if (
+            made is not None
+            and phase not in (*st.FINISHED, st.SUSPENDED)
+            and kueue.inactive(seen.pods, seen.lost_nodes)
+        ):
+            d.plan.batches = [[made]]  # created as the job's pods are: a refusal is the job's to say (refusals)
+        return
+    if phase in st.FINISHED:
+        message = (st.current_condition(status) or {}).get("message") or ""
+        writes += kueue.goodbye(workload, "Succeeded" if phase == st.SUCCEEDED else "Failed", message, now)
+        return
+    inactive = kueue.inactive(seen.pods, seen.lost_nodes)
+    if admission.deleting:  # deleted by someone: once the job's pods are gone, it goes (and a new one is made)
+        writes += [kueue.WorkloadWrite(workload, "unfinalize")] if inactive and kueue.finalized(workload) else []
+        return
+    writes += _object_writes(job, admission, d.config, suspended=phase == st.SUSPENDED)
+    writes += _status_writes(admission, now, ready=_all_ready(job, status), running=not inactive)
+
+
+def _new_workload(job: Job, admission: kueue.Admission, config: OperatorConfig) -> dict[str, Any] | None:
+    """The Workload to make for a job without one: none for MultiKueue's copy on a worker (Kueue made it: the job
+    waits until it is seen), without a LocalQueue, or while its priority class cannot be read (its status says why)."""
+    if kueue.prebuilt_name(job) or admission.cluster_queue is None:
+        return None
+    if admission.priority is None or admission.priority.problem:
+        return None
+    return kueue.desired_workload(job, _templates(job, config), admission.priority)
+
+
+def _templates(job: Job, config: OperatorConfig) -> dict[str, Pod]:
+    """A pod of each role as the operator creates it (its first task's): the Workload's PodSets' templates."""
+    return {role: builders.desired_pod(job, role, 0, 0, config.progress_url) for role in api.replica_specs(job)}
+
+
+def _object_writes(
+    job: Job, admission: kueue.Admission, config: OperatorConfig, suspended: bool
+) -> list[kueue.WorkloadWrite]:
+    """Writes of the Workload's metadata and spec, as one merge patch: a prebuilt one adopted, its queue and PodSets
+    following the job (not a prebuilt one's: Kueue made it), its activation following the job's suspension."""
+    workload = admission.workload
+    assert workload is not None
+    parts = []
+    if kueue.prebuilt_name(job):
+        parts.append(kueue.adoption(workload, job))
+    else:
+        parts.append(kueue.spec_update(workload, job, _templates(job, config)))
+    parts.append(kueue.activation(workload, not suspended))
+    patch: dict[str, Any] = {}
+    for part in parts:
+        for key, value in (part or {}).items():
+            patch[key] = {**patch.get(key, {}), **value}
+    return [kueue.WorkloadWrite(workload, "object", patch)] if patch else []
+
+
+def _status_writes(admission: kueue.Admission, now: float, ready: bool, running: bool) -> list[kueue.WorkloadWrite]:
+    """PodsReady, and the quota given back once an evicted job has no pod running: one status patch."""
+    workload = admission.workload
+    assert workload is not None
+    write = kueue.StatusWrite(workload, now)
+    write.pods_ready(kueue.condition(workload, "Admitted") == "True", ready)
+    if admission.evicted and admission.quota_reserved and not running:
+        write.release()
+    return [kueue.WorkloadWrite(workload, "status", write.patch)] if write.patch is not None else []
+
+
+def _all_ready(job: Job, status: dict[str, Any]) -> bool:
+    """Every task's pod ready, or its task finished (Kueue's PodsReady: `count` pods ready or succeeded), from the
+    status alone (a MultiKueue manager has nothing else: Kueue's copy of the worker's)."""
+    counts = (status.get("replicaStatuses") or {}).values()
+    return sum(int(c.get("ready") or 0) + int(c.get("succeeded") or 0) for c in counts) >= len(api.tasks(job))
+
+
 def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: str | None) -> list[tuple[str, Pod]]:
     """Create the tasks that have no pod. A task's replacement is created only once its old pod is gone (the name
     is free) and no old pod of a task it restarts together with (policy.barrier) may still run; one that runs
-    nothing and is only kept for Kueue's bookkeeping (kueue.held) runs no old program. Returns the tasks' pod names
-    that another's pod holds (they wait)."""
-    job, status = d.job, d.status
+    nothing and is only kept by Kueue's pod integration (kueue.legacy_held) runs no old program. A Kueue-admitted
+    job's pods get what its admission assigned (kueue.pod_set_infos). Returns the tasks' pod names that another's
+    pod holds (they wait)."""
+    job, status, admission = d.job, d.status, d.plan.admission
     restart_after = st.parse_time(status.get("restartAfter"))
     terminating = {
-        (v.role, v.index) for v in views.values() if any(not kueue.held(p, seen.lost_nodes) for p in v.stale)
+        (v.role, v.index) for v in views.values() if any(not kueue.legacy_held(p, seen.lost_nodes) for p in v.stale)
     }
-    old_workload = kueue.previous_runs_workload(d.plan.admission, seen.pods)  # its deletion (watched) brings it back
+    infos = kueue.pod_set_infos(admission) if admission is not None and admission.admitted else {}
     taken: list[tuple[str, Pod]] = []
     for view in views.values():
-        if view.state != WAITING or view.pod is not None or view.stale or old_workload:
+        if view.state != WAITING or view.pod is not None or view.stale:
             continue
         holder = st.name_taken(api.name(job), view.role, view.index, seen.foreign)
         if holder is not None:
@@ -292,10 +444,11 @@ def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: st
             d.plan.wake_at(restart_after)
             continue
         where = gang.placement(job, d.gang, status, view.role)
-        d.create.append(builders.desired_pod(job, view.role, view.index, view.attempt, d.config.progress_url, where))
+        pod = builders.desired_pod(job, view.role, view.index, view.attempt, d.config.progress_url, where)
+        kueue.apply(pod, infos.get(view.role))
+        d.create.append(pod)
     if restart_after is not None and d.now >= restart_after:
         status.pop("restartAfter", None)
-    admission = d.plan.admission
     if d.create and admission is not None and not admission.installed and phase in (None, st.PENDING):
         reason, message = admission.waiting(job)
         d.plan.events.append(Event("Warning", reason, message + "; its pods run without queueing"))
@@ -303,8 +456,8 @@ def _replace(d: _Decision, views: dict[str, TaskView], seen: Observed, phase: st
 
 
 def _deletions(result: Plan, seen: Observed, stale: list[Pod], config: OperatorConfig) -> None:
-    """How the decided deletions go: forced on lost nodes (node_loss), a group restart's staged (sigterm); and
-    Kueue's bookkeeping of the pods that stay and go (kueue)."""
+    """How the decided deletions go: forced on lost nodes (node_loss), a group restart's staged (sigterm); pods
+    Kueue's pod integration still holds, released (kueue.legacy_held)."""
     job, lost = result.job, seen.lost_nodes
     deleting = [*result.delete, *stale]
     through_kubelet, result.force_delete, notices = node_loss.force_deletions(job, seen.pods, deleting, lost)
@@ -316,11 +469,7 @@ def _deletions(result: Plan, seen: Observed, stale: list[Pod], config: OperatorC
     result.read_logs, result.sigterm = staging.read, staging.memory
     result.events += [Event("Normal", "SigtermIgnored", message) for message in staging.ignored]
     result.wake_at(node_loss.next_look(seen.pods, lost, seen.now, config.node_check_seconds))
-    ending = result.status.get("phase") in (*st.FINISHED, st.SUSPENDED) or result.delete_job
-    workload = result.admission.workload if result.admission else None
-    going = [*result.delete, *result.held, *result.force_delete]
-    result.unretriable, result.release = kueue.bookkeeping(job, result.status, seen.pods, going, lost, ending, workload)
-    result.delete_workloads = kueue.orphaned(seen.workloads, seen.pods) if ending else []
+    result.release = [p for p in seen.pods if kueue.legacy_held(p, lost)]
 
 
 def _creations(
@@ -364,8 +513,7 @@ def after_creates(
     if status.get("phase") not in (*st.FINISHED, st.SUSPENDED):
         views, _ = st.observe(dict(final.job, status=status), [*pods, *created])
         decision = _Decision(final.job, status, now, final, config, announce=False)
-        # Pods just created may be gated: the job waits for Kueue.
-        timers.account_job(status, views, final.admission, now)
+        timers.account_job(status, final.admission, now)
         _derive_phase(decision, views, status.get("phase"))
         # Their timers too: their ADDED events carry nothing the creates did not return, so they bring no reconcile.
         final.wake_at(timers.warnings_due(views, status, now, decision.patience))
@@ -375,8 +523,11 @@ def after_creates(
     return final
 
 
-def _restart(d: _Decision, views: dict[str, TaskView], ended: list[tuple[TaskView, Termination]]) -> bool:
-    """Count one restart for everything that ended together and bump the attempts to replace. False: job failed.
+def _restart(
+    d: _Decision, views: dict[str, TaskView], ended: list[tuple[TaskView, Termination]], everything: bool = False
+) -> bool:
+    """Count one restart for everything that ended together and bump the attempts to replace (`everything`: every
+    task not finished). False: job failed.
 
     When several tasks end at once (an MWMS peer dies and the others crash waiting for it), the disruption, if
     any, is the cause: it is counted, the crashes are not.
@@ -398,7 +549,7 @@ def _restart(d: _Decision, views: dict[str, TaskView], ended: list[tuple[TaskVie
     restarts["lastReason"] = f"{name} {decision.reason}"
     restarts["lastKind"] = "Disruption" if disrupted else "Failure"
     restarts["lastTime"] = st.format_time(d.now)
-    targets = _restart_targets(d, views, ended)
+    targets = _restart_targets(d, views, ended, everything)
     for role, index in targets:
         view = views[st.task_key(role, index)]  # a finished one too: the new group needs it (restart_targets)
         if view.pod is not None:
@@ -416,17 +567,13 @@ def _restart(d: _Decision, views: dict[str, TaskView], ended: list[tuple[TaskVie
 
 
 def _restart_targets(
-    d: _Decision, views: dict[str, TaskView], ended: list[tuple[TaskView, Termination]]
+    d: _Decision, views: dict[str, TaskView], ended: list[tuple[TaskView, Termination]], everything: bool
 ) -> list[policy.Task]:
-    """Every task restarted with one that ended (policy.restart_targets). Kueue stops the whole group at once
-    (preemption, eviction): then every task not finished restarts, and the deletions of the others, seen in later
-    reconciles, are not counted again."""
-    stopped_by_kueue = any(v.pod is not None and kueue.termination_target(v.pod) for v, _ in ended)
-    if stopped_by_kueue and d.plan.admission is not None:  # queued again at once, whatever the Workload still says
-        d.plan.admission = dataclasses.replace(d.plan.admission, stopped=True)
-    everything = [v for v in views.values() if v.state != COMPLETED] if stopped_by_kueue else []
+    """Every task restarted with one that ended (policy.restart_targets); with `everything`, every task not finished
+    (Kueue stops the whole job at once), whose pods' deletions, seen in later reconciles, are not counted again."""
+    rest = [v for v in views.values() if v.state != COMPLETED] if everything else []
     targets: list[policy.Task] = []
-    for view in [v for v, _ in ended] + everything:
+    for view in [v for v, _ in ended] + rest:
         targets += [t for t in policy.restart_targets(d.job, view.role, view.index) if t not in targets]
     return targets
 
@@ -499,7 +646,7 @@ def _derive_phase(d: _Decision, views: dict[str, TaskView], previous: str | None
     job, status, admission = d.job, d.status, d.plan.admission
     _store_tasks(status, views)
     running = st.all_running(views)
-    if not running and kueue.waits_for_admission(views, admission):
+    if kueue.waits_for_admission(admission):
         reason, message = admission.waiting(job) if admission else ("Queued", "waiting for Kueue to admit the pods")
         d.transition(st.QUEUED, reason, message, "Normal" if reason == "Queued" else "Warning")
         return

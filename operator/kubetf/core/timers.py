@@ -7,7 +7,7 @@ waiting in a queue or suspended never counts, however long:
 - `activeDeadlineSeconds`: the job's active time, summed over its admissions (status.activeSeconds, plus
   now - status.activeSince while active). A job preempted after 3 h of a 4 h deadline has 1 h left once readmitted.
 - `startupTimeoutSeconds`: per pod, from the moment it may start: its creation, or the job's latest admission when
-  that came later. A pod gated by Kueue while the job waits counts nothing. Creates the API server refuses count
+  that came later. While the job waits for Kueue it has no pod, and nothing counts. Creates the API server refuses count
   from the first refusal (status.createRejectedSince, kubetf.core.refusals).
 - the failure backoff (status.restartAfter), `ttlSecondsAfterFinished` and `evaluatorGraceSeconds` (both from
   completionTime) are points in time: a restart keeps the job's admission, and a finished job waits for nothing.
@@ -60,11 +60,9 @@ def account(status: dict[str, Any], clock: Clock, now: float, admitted_at: float
         status.pop("queuePosition", None)
 
 
-def account_job(
-    status: dict[str, Any], views: dict[str, TaskView], admission: kueue.Admission | None, now: float
-) -> None:
+def account_job(status: dict[str, Any], admission: kueue.Admission | None, now: float) -> None:
     """Open or close the job's active period (`account`): it is active unless it waits for Kueue's admission."""
-    if kueue.waits_for_admission(views, admission):
+    if kueue.waits_for_admission(admission):
         account(status, Clock.QUEUED, now)
         if admission is not None and admission.position is not None:
             status["queuePosition"] = admission.position
@@ -94,15 +92,13 @@ def deadline(job: Job, status: dict[str, Any]) -> float | None:
 def startup_due(
     job: Job, pod: Pod, status: dict[str, Any], admission: kueue.Admission | None, not_before: float | None = None
 ) -> float | None:
-    """When `pod`, not started yet, exceeds startupTimeoutSeconds; None when nothing counts for it: no timeout, the
-    job is not active, or the pod waits for Kueue's admission. `not_before`: when its gang was placed (the wait
-    before that is the schedule timeout's, kubetf.core.gang)."""
+    """When `pod`, not started yet, exceeds startupTimeoutSeconds; None when nothing counts for it: no timeout, or
+    the job is not active (it waits for Kueue's admission). `not_before`: when its gang was placed (the wait before
+    that is the schedule timeout's, kubetf.core.gang)."""
     timeout = api.run_policy(job).get("startupTimeoutSeconds")
     active_since = st.parse_time(status.get("activeSince"))
-    if not timeout or active_since is None:
+    if not timeout or active_since is None or kueue.waits_for_admission(admission):
         return None
-    if kueue.is_gated(pod) and not (admission is not None and admission.admitted):
-        return None  # Kueue has not admitted its group (again): it may not start
     created = st.parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     if created is None:
         return None

@@ -202,13 +202,14 @@ class Controller:
                 self.queue.add(key, URGENT)
 
     def _refresh_workloads(self, namespace: str) -> None:
-        listed: set[Key] = set()
+        listed: set[tuple[Key, str]] = set()
         version = 0
         for items, list_version in self.kube.workload_pages(namespace):
             version = list_version
             for workload in filter(self._serves, items):
                 meta = workload.get("metadata") or {}
-                listed.add((meta.get("namespace") or "", meta.get("name") or ""))
+                listed.add(((meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or ""),
+                            meta.get("name") or ""))  # fmt: skip
                 key = self.store.put_workload(workload)
                 if key is not None:
                     self.queue.add(key, URGENT)
@@ -376,17 +377,13 @@ class Controller:
             self.queue.add(key, deferred)
 
     def workload_event(self, type_: str | None, workload: Mapping[str, Any]) -> None:
-        """A Workload changed: its job is reconciled when what the decisions read of it changed (admitted, evicted,
-        finished, a new pod among its owners)."""
-        meta = workload.get("metadata") or {}
+        """A Workload of the operator's changed: its job is reconciled when what the decisions read of it changed
+        (admitted, evicted, finished, deleted)."""
         if not self._serves(workload):
             return
         if type_ is None:  # kopf's type for an object it listed rather than watched
             self._listed()
-        if type_ == "DELETED":
-            key = self.store.remove_workload(meta.get("namespace") or "", meta.get("name") or "")
-        else:
-            key = self.store.put_workload(workload)
+        key = self.store.remove_workload(workload) if type_ == "DELETED" else self.store.put_workload(workload)
         if key is not None:
             self.queue.add(key, URGENT)
 

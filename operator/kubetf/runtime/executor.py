@@ -13,13 +13,13 @@ from typing import Any, Protocol
 
 from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key, Store, changed_besides_status
-from kubetf.cluster.kube_api import Creation, KubeApi, Refused
+from kubetf.cluster.kube_api import Conflict, Creation, KubeApi, Refused
 from kubetf.cluster.workqueue import Expectations, WorkQueue
-from kubetf.core import failing, reconcile, refusals
+from kubetf.core import failing, kueue, reconcile, refusals
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import Failing
-from kubetf.core.plan import Event, Farewell, Observed, Plan
+from kubetf.core.plan import Dispatch, Event, Farewell, Observed, Plan
 from kubetf.core.progress.health import UNHEALTHY
 from kubetf.core.sigterm import Watched
 from kubetf.runtime.positions import QueuePositions
@@ -58,11 +58,14 @@ class Executor:
         self.phases: dict[Key, str] = {}
         self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
 
-    def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell) -> Plan | None:
+    def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell | Dispatch) -> Plan | None:
         """Do what `plan` says; returns the final plan (after its creates). Raises what stopped it: an API error
         (retried with the job's backoff), a refused create (its job's status says it, then retried)."""
         if isinstance(plan, Farewell):
             self.farewell(key, plan)
+            return None
+        if isinstance(plan, Dispatch):
+            self.dispatch(key, seen, plan)
             return None
         job: dict[str, Any] = seen.job or {}
         original = job.get("status") or {}
@@ -74,6 +77,7 @@ class Executor:
             job, stored = self._write_status(key, job, stored, plan.status, plan)
         self._delete(key, plan)
         creation = self._create(key, plan)
+        self._write_workloads(key, plan.workload_writes)
         refusal = creation.refusal or trial_refusal
         final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config)
         self._post(job, final.events, posted)
@@ -95,15 +99,34 @@ class Executor:
         return final
 
     def farewell(self, key: Key, plan: Farewell) -> None:
-        """A job that does not run here (any more): forget it (its progress and series too), and let Kueue finish
-        its pods' group."""
+        """A job that is gone: forget it (its progress and series too), let its Workloads go, and release what Kueue's
+        pod integration still holds of its pods."""
         self.record_phase(key, None)
         self.positions.track(key, None, None)
         self.progress.forget(key)
         with self.lock:
             self.sigterm.pop(key, None)
-        self._for_kueue(key, plan.unretriable, plan.release, plan.delete_workloads)
-        self.store.forget_groups(key)  # a deleted job with nothing left: its groups' names are free again
+        self._release(key, plan.release)
+        self._write_workloads(key, plan.writes)
+
+    def dispatch(self, key: Key, seen: Observed, plan: Dispatch) -> None:
+        """A job MultiKueue runs on another cluster: its Workload made and written, nothing else (its status is
+        Kueue's copy of the worker's)."""
+        job = seen.job or {}
+        self.record_phase(key, (job.get("status") or {}).get("phase"))
+        self.positions.track(key, None, None)
+        if plan.create is not None:
+            log.info(
+                "%s/%s: creating Workload %s (MultiKueue dispatches the job)", *key, plan.create["metadata"]["name"]
+            )
+            created = self.kube.create_batches([[plan.create]])
+            for workload in created.created:
+                self.store.put_workload(workload)
+            if created.refusal is not None:
+                raise Refused(created.refusal)
+            if created.error is not None:
+                raise created.error
+        self._write_workloads(key, plan.writes)
 
     def report_failing(self, key: Key, failure: Failing, now: float) -> None:
         """The job's reconciles keep failing: say so in its status (kubetf.core.failing), with a Warning event. On
@@ -139,8 +162,6 @@ class Executor:
     # ------------------------------------------------------------------ steps
 
     def _delete(self, key: Key, plan: Plan) -> None:
-        # Pods are marked before they are deleted: Kueue must never take the group's end for a lost pod.
-        self._for_kueue(key, plan.unretriable, [])
         self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in plan.delete])
         for pod in plan.delete:  # a deletion the watch showed before the expectation was set
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
@@ -175,33 +196,41 @@ class Executor:
         for obj in plan.delete_objects:  # a gang's PodGroups no pod uses any more
             log.info("%s/%s: deleting %s %s: no pod of the job uses it", *key, obj["kind"], obj["metadata"]["name"])
             self.kube.delete_object(obj)
-        # The DELETED events of the others bring the job back for the replacements (or, ended, for its Workload).
-        self._for_kueue(key, [], plan.release, plan.delete_workloads)
+        # The DELETED events of the others bring the job back for the replacements.
+        self._release(key, plan.release)
 
-    def _for_kueue(
-        self,
-        key: Key,
-        unretriable: list[dict[str, Any]],
-        release: list[dict[str, Any]],
-        workloads: list[dict[str, Any]] | None = None,
-    ) -> None:
-        if unretriable:
-            log.info("%s/%s: %s marked not to be replaced (Kueue)", *key, ", ".join(_names(unretriable)))
-            self.kube.mark_unretriable(unretriable)
-        if release:
-            log.info("%s/%s: releasing %s from Kueue's finalizer", *key, ", ".join(_names(release)))
-            self.kube.release_pods(release)
-        for workload in workloads or []:
-            log.info("%s/%s: deleting Workload %s: no pod of the ended job is left", *key, _names([workload])[0])
-            self.kube.delete_workload(key[0], workload["metadata"]["name"], workload["metadata"]["uid"])
+    def _release(self, key: Key, pods: list[dict[str, Any]]) -> None:
+        if pods:
+            log.info("%s/%s: releasing %s from Kueue's pod-integration finalizer", *key, ", ".join(_names(pods)))
+            self.kube.release_pods(pods)
+
+    def _write_workloads(self, key: Key, writes: list[kueue.WorkloadWrite]) -> None:
+        """The writes in order, each against the version the last one left (the first: the version read). One that
+        finds the Workload changed stops them: the job is decided again on the newer Workload, which its watch
+        brings."""
+        versions: dict[str, str] = {}
+        for write in writes:
+            meta = write.workload["metadata"]
+            try:
+                written = self.kube.write_workload(write, versions.get(meta["uid"], meta.get("resourceVersion") or ""))
+            except Conflict as conflict:
+                log.info("%s/%s: %s; deciding again on the newer one", *key, conflict)
+                self.queue.add(key, NORMAL)
+                return
+            log.info("%s/%s: %s", *key, kueue.describe(write))
+            if written is not None:
+                versions[meta["uid"]] = written["metadata"]["resourceVersion"]
+                self.store.put_workload(written)
 
     def _create(self, key: Key, plan: Plan) -> Creation:
         self.expectations.expect(key, creations=_names(plan.create))
         creation = self.kube.create_batches(plan.batches)
         self.expectations.cancel_creations(key, creation.skipped)
-        for pod in creation.created:
-            if pod.get("kind") == "Pod":
-                self.store.put_pod(key, pod)  # its ADDED event then brings nothing new: no reconcile for it
+        for obj in creation.created:
+            if obj.get("kind") == "Pod":
+                self.store.put_pod(key, obj)  # its ADDED event then brings nothing new: no reconcile for it
+            elif obj.get("kind") == "Workload" and str(obj.get("apiVersion")).startswith(f"{kueue.GROUP}/"):
+                self.store.put_workload(obj)
         creation.created = [o for o in creation.created if o.get("kind") == "Pod"]
         return creation
 

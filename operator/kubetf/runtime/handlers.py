@@ -1,11 +1,10 @@
-"""kopf wiring, and nothing else: watch events of TrainingJobs, of the operator's pods and of Kueue's LocalQueues and
-Workloads go to the controller.
+"""kopf wiring, and nothing else: watch events of TrainingJobs, of the operator's pods, Workloads and PodGroups, and
+of Kueue's LocalQueues go to the controller.
 
 The handlers are async and do no I/O (the controller only updates its cache and queue), so kopf's event loop is
-never blocked; reconciles run on the controller's own threads. The pod watch is filtered by the API server
-(kopf's label selectors): the operator neither receives nor keeps the cluster's other pods. Kueue puts no label of
-ours on a pod group's Workload, so the Workload watch takes them all and the cache keeps only pod groups'. Without
-Kueue in the cluster kopf watches neither of its kinds, and starts when their CRDs appear.
+never blocked; reconciles run on the controller's own threads. The watches of what the operator makes are filtered
+by the API server (kopf's label selectors): the operator neither receives nor keeps the cluster's other pods and
+Workloads. Without Kueue in the cluster kopf watches neither of its kinds, and starts when their CRDs appear.
 """
 
 from __future__ import annotations
@@ -90,13 +89,13 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
     async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
         controller.pod_event(event["type"], event["object"])
 
-    @kopf.on.event(kueue.GROUP, kueue.VERSION, "workloads", registry=registry)
+    # The jobs' Kueue Workloads and a gang's PodGroups (kubetf.core.gang), of either scheduler: only the operator's
+    # own (a label the API server filters by). kopf watches an API only once the cluster serves it.
+    ours = {api.LABEL_MANAGED_BY: api.MANAGER}
+
+    @kopf.on.event(kueue.GROUP, kueue.VERSION, "workloads", labels=ours, registry=registry)
     async def workload_event(event: kopf.RawEvent, **_: Any) -> None:
         controller.workload_event(event["type"], event["object"])
-
-    # A gang's PodGroups (kubetf.core.gang), of either scheduler: only the operator's own (a label the API server
-    # filters by). kopf watches an API only once the cluster serves it.
-    ours = {api.LABEL_MANAGED_BY: api.MANAGER}
 
     @kopf.on.event(gang.NATIVE_GROUP, gang.NATIVE_VERSION, "podgroups", labels=ours, registry=registry)
     async def native_pod_group_event(event: kopf.RawEvent, **_: Any) -> None:

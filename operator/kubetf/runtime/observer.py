@@ -1,7 +1,8 @@
-"""What a reconcile reads (kubetf.core.plan.Observed): the job and its pods from the cache the watches fill, and
-from the API what no watch holds: the nodes of pods that may be lost, a LocalQueue not shown yet, and the logs a
-MultiWorkerMirrored group restart asks for (kubetf.core.sigterm). Reads shared by every job (a node, a LocalQueue)
-serve a few seconds (OperatorConfig)."""
+"""What a reconcile reads (kubetf.core.plan.Observed): the job, its pods and its Workloads from the cache the watches
+fill, and from the API what no watch holds: the nodes of pods that may be lost, a LocalQueue not shown yet, the
+priority class of a job whose Workload is to be made, the ResourceFlavors of an admitted job, and the logs a
+MultiWorkerMirrored group restart asks for (kubetf.core.sigterm). Reads shared by every job (a node, a LocalQueue,
+a class, a flavor) serve a few seconds (OperatorConfig)."""
 
 from __future__ import annotations
 
@@ -44,17 +45,22 @@ class Observer:
         # A LocalQueue the watch has not shown, read from the API: (namespace, name) -> (read at, Kueue installed,
         # its ClusterQueue or None)
         self.local_queue_reads: dict[tuple[str, str], tuple[float, bool, str | None]] = {}
+        # Cluster-scoped objects read for Workloads, by (kind, name): (read at, the object or None when missing)
+        self.class_reads: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
 
     def observe(self, key: Key, sigterm: Mapping[str, Watched], failing: Failing | None = None) -> Observed:
         job, now = self.store.job(key), self.clock()
         pods, foreign = st.split_pods(key[1], self.store.job_pods(key))
-        ended = job is None or (kueue.managed_here(job) and _stopped(job))
-        workloads = self.store.workloads_of(key) if ended else []  # what kueue.orphaned reads
+        workloads = self.store.workloads_of(key)
         held = self.book.held(key, job["metadata"].get("uid", "")) if job is not None else None
-        served = self.served(now) if job is not None and not (job.get("status") or {}).get("gang") else gang.Served()
+        wants_gang = job is not None and kueue.managed_here(job) and not (job.get("status") or {}).get("gang")
+        served = self.served(now) if wants_gang else gang.Served()
+        own = self._own_workload(job, workloads, pods) if job is not None else None
+        others = [w for w in workloads if own is None or w["metadata"].get("uid") != own["metadata"].get("uid")]
         return Observed(
-            job, pods, now, self._lost_nodes(pods, now), self._admission(job, now), sigterm, workloads=workloads,
+            job, pods, now, self._lost_nodes(pods, now), self._admission(job, own, now), sigterm, workloads=others,
             progress=held, failing=failing, foreign=foreign, served=served, pod_groups=self.store.pod_groups_of(key),
+            key=key,
         )  # fmt: skip
 
     def served(self, now: float) -> gang.Served:
@@ -94,22 +100,68 @@ class Observer:
         with self.lock:
             self.local_queue_reads.pop((namespace, name), None)
 
-    def _admission(self, job: dict[str, Any] | None, now: float) -> kueue.Admission | None:
-        """What Kueue says of a queued job that has not ended: its LocalQueue and its group's Workload (watched),
-        and its place in the ClusterQueue (kubetf.runtime.positions)."""
-        queue = kueue.queue_name(job) if job is not None else None
-        if job is None or queue is None or _stopped(job):
+    def _own_workload(
+        self, job: dict[str, Any], workloads: list[dict[str, Any]], pods: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The job's Workload (kubetf.core.kueue.workload_name): its own, or the prebuilt one it adopts. Before a
+        job whose pods run is taken for one without a Workload (its pods would be stopped), the API is asked: the
+        watch may not have shown it yet."""
+        if kueue.queue_name(job) is None:
             return None
-        namespace, group = api.namespace(job), kueue.group_name(job)
+        name = kueue.workload_name(job)
+        found = next((w for w in workloads if w["metadata"].get("name") == name), None)
+        running = any(not st.is_deleting(p) and not st.is_finished(p) for p in pods)
+        if found is None and running:
+            found = self.kube.get_workload(api.namespace(job), name)
+            if found is not None:
+                self.store.put_workload(found)
+        if found is None:
+            return None
+        return found if kueue.owned_by(found, job) or kueue.adoptable(found, job) else None
+
+    def _admission(
+        self, job: dict[str, Any] | None, workload: dict[str, Any] | None, now: float
+    ) -> kueue.Admission | None:
+        """What Kueue says of a queued job: its LocalQueue, its Workload (watched) and its place in the ClusterQueue
+        (kubetf.runtime.positions); with what a Workload to be made needs (its priority) or an admitted one's pods
+        (the ResourceFlavors assigned)."""
+        queue = kueue.queue_name(job) if job is not None else None
+        if job is None or queue is None:
+            return None
+        namespace = api.namespace(job)
         cluster_queue = self.store.local_queue(namespace, queue)
         installed = True
-        if cluster_queue is None:
+        if cluster_queue is None and workload is None:
             installed, cluster_queue = self._read_local_queue(namespace, queue, now)
-        if not installed or cluster_queue is None:
+        if not installed:
             return kueue.Admission(queue, cluster_queue, installed)
-        workload = self.store.workload(namespace, group)
-        position = self.positions.position(namespace, group)
-        return kueue.Admission(queue, cluster_queue, installed, workload, position)
+        if workload is None:
+            priority = None
+            if cluster_queue is not None and not _stopped(job) and not kueue.prebuilt_name(job):
+                source = kueue.priority_source(job)
+                priority = kueue.priority_of(source, self._read_class(*source, now) if source else None)
+            return kueue.Admission(queue, cluster_queue, installed, priority=priority)
+        admission = kueue.Admission(queue, cluster_queue, installed, workload)
+        position = self.positions.position(namespace, workload["metadata"]["name"]) if not admission.admitted else None
+        flavors: dict[str, dict[str, Any]] = {}
+        if admission.admitted and not _stopped(job) and kueue.managed_here(job):
+            for name in sorted(kueue.flavors_of(workload)):
+                flavor = self._read_class("ResourceFlavor", name, now)
+                if flavor is None:
+                    raise LookupError(f"ResourceFlavor {name}, assigned to Workload {workload['metadata']['name']}, "
+                                      "does not exist")  # fmt: skip
+                flavors[name] = flavor
+        return dataclasses.replace(admission, position=position, flavors=flavors)
+
+    def _read_class(self, kind: str, name: str, now: float) -> dict[str, Any] | None:
+        """A WorkloadPriorityClass, PriorityClass or ResourceFlavor (None: missing), read again after a few seconds."""
+        with self.lock:
+            read_at, found = self.class_reads.get((kind, name), (-math.inf, None))
+        if now - read_at >= self.config.local_queue_recheck:
+            found = self.kube.get_cluster_object(kind, name)
+            with self.lock:
+                self.class_reads[(kind, name)] = (now, found)
+        return found
 
     def _read_local_queue(self, namespace: str, name: str, now: float) -> tuple[bool, str | None]:
         """A LocalQueue the watch has not shown: read from the API (its absence, or Kueue's, serves a few seconds)."""

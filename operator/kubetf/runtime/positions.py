@@ -45,9 +45,9 @@ class QueuePositions:
     ) -> None:
         self.kube, self.store, self.queue, self.config, self.clock = kube, store, queue, config, clock
         self.lock = threading.Lock()
-        # queued job -> (namespace, group, LocalQueue, ClusterQueue), as its last reconcile saw it
+        # queued job -> (namespace, its Workload, LocalQueue, ClusterQueue), as its last reconcile saw it
         self.tracked: dict[Key, tuple[str, str, str, str]] = {}
-        self.told: dict[Key, int] = {}  # (namespace, group) -> the position its job was last reconciled with
+        self.told: dict[Key, int] = {}  # (namespace, Workload) -> the position its job was last reconciled with
         self.unavailable_until = 0.0
         self.cluster_wide = True  # False once the ClusterQueue endpoint is refused: per LocalQueue then
         self.stopping = threading.Event()
@@ -58,15 +58,16 @@ class QueuePositions:
         """After each reconcile: follow the job while it is queued (`admission` given), forget it otherwise."""
         with self.lock:
             before = self.tracked.pop(key, None)
-            if job is not None and admission is not None and admission.cluster_queue and admission.installed:
-                group = kueue.group_name(job)
-                self.tracked[key] = (api.namespace(job), group, admission.local_queue, admission.cluster_queue)
+            workload = admission.workload if admission is not None else None
+            if job is not None and admission is not None and admission.cluster_queue and workload is not None:
+                name = workload["metadata"]["name"]
+                self.tracked[key] = (api.namespace(job), name, admission.local_queue, admission.cluster_queue)
             elif before is not None:
                 self.told.pop((before[0], before[1]), None)
 
-    def position(self, namespace: str, group: str) -> int | None:
+    def position(self, namespace: str, workload: str) -> int | None:
         with self.lock:
-            return self.told.get((namespace, group))
+            return self.told.get((namespace, workload))
 
     # ------------------------------------------------------------------ the reader
 
@@ -94,8 +95,8 @@ class QueuePositions:
             return
         found: dict[Key, int] = {}
         try:
-            for path, groups in self._reads(tracked).items():
-                found.update(self._read(path, groups))
+            for path, workloads in self._reads(tracked).items():
+                found.update(self._read(path, workloads))
         except NotServed as error:
             if error.status == 403 and self.cluster_wide:
                 self.cluster_wide = False  # a namespaced install: LocalQueues, next time
@@ -107,12 +108,12 @@ class QueuePositions:
                         error.status, self.config.positions_unavailable_recheck)  # fmt: skip
             return
         moved = sorted(
-            ((found.get((ns, group)), key, (ns, group)) for key, (ns, group, _, _) in tracked.items()),
+            ((found.get((ns, workload)), key, (ns, workload)) for key, (ns, workload, _, _) in tracked.items()),
             key=lambda entry: (entry[0] is None, entry[0] or 0),
         )
         budget = max(1, int(self.config.queue_position_writes * self.config.queue_position_seconds))
-        for position, key, group_key in moved:
-            if told.get(group_key) == position:
+        for position, key, workload_key in moved:
+            if told.get(workload_key) == position:
                 continue
             if budget == 0:
                 break
@@ -121,32 +122,34 @@ class QueuePositions:
                 if key not in self.tracked:
                     continue
                 if position is None:
-                    self.told.pop(group_key, None)
+                    self.told.pop(workload_key, None)
                 else:
-                    self.told[group_key] = position
+                    self.told[workload_key] = position
             self.queue.add(key, RESYNC)
 
     def _reads(self, tracked: dict[Key, tuple[str, str, str, str]]) -> dict[str, set[Key]]:
-        """What to read: each ClusterQueue (or, without cluster-wide access, each LocalQueue) with the groups in it."""
+        """What to read: each ClusterQueue (or, without cluster-wide access, each LocalQueue) with the Workloads in
+        it."""
         reads: dict[str, set[Key]] = {}
-        for namespace, group, local_queue, cluster_queue in tracked.values():
+        for namespace, workload, local_queue, cluster_queue in tracked.values():
             path = f"clusterqueues/{cluster_queue}" if self.cluster_wide else (
                 f"namespaces/{namespace}/localqueues/{local_queue}"
             )  # fmt: skip
-            reads.setdefault(path, set()).add((namespace, group))
+            reads.setdefault(path, set()).add((namespace, workload))
         return reads
 
-    def _read(self, path: str, groups: set[Key]) -> dict[Key, int]:
-        """The positions of `groups` in one queue's pending list, read page by page until all are found."""
+    def _read(self, path: str, workloads: set[Key]) -> dict[Key, int]:
+        """The positions of `workloads` in one queue's pending list, read page by page until all are
+        found."""
         found: dict[Key, int] = {}
         offset = 0
-        while len(found) < len(groups):
+        while len(found) < len(workloads):
             items = self.kube.pending_workloads(path, offset, PAGE)
             for item in items:
                 meta = item.get("metadata") or {}
-                group = (meta.get("namespace") or "", meta.get("name") or "")
-                if group in groups:
-                    found[group] = int(item.get("positionInClusterQueue") or 0)
+                key = (meta.get("namespace") or "", meta.get("name") or "")
+                if key in workloads:
+                    found[key] = int(item.get("positionInClusterQueue") or 0)
             if len(items) < PAGE:
                 break
             offset += len(items)
