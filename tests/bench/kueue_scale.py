@@ -6,9 +6,10 @@
 Jobs of 1 chief + 4 workers (MultiWorkerMirrored, 10m CPU a pod) in one LocalQueue of a ClusterQueue that Kueue
 manages; their pods go to the fake nodes once admitted. In order:
 
-1. --queued jobs created while the ClusterQueue has no quota: every one Queued, its 5 pods gated, its Workload
-   made by Kueue. Then, for --window seconds while they wait: the operator's API calls per second (all of them,
-   and without its leader election's Lease renewals), its CPU and RSS;
+1. --queued jobs created while the ClusterQueue has no quota: every one Queued with its Workload (made by the
+   operator) and no pod. The pods in the namespace meanwhile (none is the point), the time until all are Queued;
+   then, for --window seconds while they wait: the operator's API calls per second (all of them, and without its
+   leader election's Lease renewals), its CPU and RSS;
 2. quota for --admit of them: from each one's admission (its Workload's Admitted condition) to its 5 pods Running,
    p50/p99, and the time until all are Running;
 3. a priority chain in a ClusterQueue of quota for one job (StrictFIFO: see --chain-queueing): --chain jobs, each
@@ -116,16 +117,17 @@ def local_queue(cluster: Cluster, namespace: str, name: str, cq: str) -> None:
 
 
 class Jobs:
-    """What the benchmark knows of its namespace, from watches: jobs' phases and restarts, pods by job (gated,
-    phase), Workloads' admission times."""
+    """What the benchmark knows of its namespace, from watches: jobs' phases and restarts, pods by job (attempt,
+    phase), Workloads by job."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.phases: dict[str, str] = {}
         self.restarts: dict[str, dict] = {}
-        self.pods: dict[str, dict[str, tuple[str, bool, str]]] = {}  # job -> pod -> (attempt, gated, phase)
-        self.workloads: dict[str, dict] = {}  # Workload name -> its status
-        self.admitted_seen: dict[str, float] = {}  # job -> when the benchmark saw its pods ungated (first time)
+        self.pods: dict[str, dict[str, tuple[str, str]]] = {}  # job -> pod -> (attempt, phase)
+        self.workloads: dict[str, dict] = {}  # job -> its Workload's status
+        self.workload_jobs: dict[str, str] = {}  # Workload name -> its job
+        self.most_pods = 0  # the most pods the namespace had at once
         self.running_seen: dict[str, float] = {}  # job -> when all 5 of its live pods were Running (first time)
 
     def on_job(self, kind: str, job: dict) -> None:
@@ -147,32 +149,35 @@ class Jobs:
                 pods.pop(meta["name"], None)
             else:
                 attempt = meta["labels"].get(api.LABEL_ATTEMPT, "")
-                pods[meta["name"]] = (attempt, kueue.is_gated(pod), (pod.get("status") or {}).get("phase", ""))
+                pods[meta["name"]] = (attempt, (pod.get("status") or {}).get("phase", ""))
             live = list(pods.values())
-            if len(live) == PODS_PER_JOB and not any(g for _, g, _ in live):
-                self.admitted_seen.setdefault(job, now)
-                if all(p == "Running" for _, _, p in live):
-                    self.running_seen.setdefault(job, now)
+            self.most_pods = max(self.most_pods, sum(len(p) for p in self.pods.values()))
+            if len(live) == PODS_PER_JOB and all(p == "Running" for _, p in live):
+                self.running_seen.setdefault(job, now)
 
     def on_workload(self, kind: str, workload: dict) -> None:
+        job = (workload["metadata"].get("labels") or {}).get(api.LABEL_JOB)
+        if job is None:
+            return
         with self.lock:
-            self.workloads[workload["metadata"]["name"]] = workload.get("status") or {}
+            self.workloads[job] = workload.get("status") or {}
+            self.workload_jobs[workload["metadata"]["name"]] = job
 
     def count(self, predicate) -> int:
         with self.lock:
             return sum(1 for name in list(self.phases) if predicate(name))
 
     def queued(self, name: str) -> bool:
-        pods = self.pods.get(name, {})
-        return self.phases.get(name) == "Queued" and len(pods) == PODS_PER_JOB and all(g for _, g, _ in pods.values())
+        """Queued, with its Workload and no pod."""
+        return self.phases.get(name) == "Queued" and not self.pods.get(name) and name in self.workloads
 
     def running(self, name: str) -> bool:
         pods = self.pods.get(name, {})
-        return len(pods) == PODS_PER_JOB and all(not g and p == "Running" for _, g, p in pods.values())
+        return len(pods) == PODS_PER_JOB and all(p == "Running" for _, p in pods.values())
 
-    def admitted_at(self, workload: str) -> float | None:
-        """The wall-clock time of the Workload's Admitted condition."""
-        for condition in (self.workloads.get(workload) or {}).get("conditions") or []:
+    def admitted_at(self, job: str) -> float | None:
+        """The wall-clock time of the job's Workload's Admitted condition."""
+        for condition in (self.workloads.get(job) or {}).get("conditions") or []:
             if condition.get("type") == "Admitted" and condition.get("status") == "True":
                 return st.parse_time(condition.get("lastTransitionTime"))
         return None
@@ -210,12 +215,13 @@ def queued_phase(cluster: Cluster, process: Process, state: Jobs, namespace: str
     parallel(lambda n: cluster.create_job(namespace, n, job_spec(), labels={kueue.QUEUE_LABEL: "bench"}), names)
     created = time.monotonic()
     out(f"{count} jobs created in {created - start:.0f}s ({count / (created - start):.1f}/s)")
-    wait(lambda: state.count(state.queued) == count, 3600, f"{count} jobs Queued with 5 gated pods each")
+    wait(lambda: state.count(state.queued) == count, 3600, f"{count} jobs Queued, each with its Workload and no pod")
     with state.lock:
-        groups = {w for w in state.workloads}
+        workloads, most_pods = len(state.workloads), state.most_pods
     out(
-        f"all {count} Queued, 5 gated pods each, {time.monotonic() - start:.0f}s after the first create; "
-        f"Workloads seen: {len(groups)}; operator CPU {(process.cpu() - cpu) * 1000 / count:.1f} ms per job"
+        f"all {count} Queued, each with its Workload and no pod, {time.monotonic() - start:.0f}s after the first "
+        f"create; Workloads {workloads}; pods in the namespace meanwhile: at most {most_pods}; operator CPU "
+        f"{(process.cpu() - cpu) * 1000 / count:.1f} ms per job"
     )
     time.sleep(30)  # the creation's tail: Kueue's own updates of the Workloads settle
     cpu = process.cpu()
@@ -237,8 +243,7 @@ def admit_phase(cluster: Cluster, state: Jobs, cq: str, count: int, admitted: in
     with state.lock:
         spans = []
         for job, seen_running in state.running_seen.items():
-            workload = next((w for w in state.workloads if w.startswith(f"{job}-")), None)
-            admitted_wall = state.admitted_at(workload) if workload else None
+            admitted_wall = state.admitted_at(job)
             if admitted_wall is not None:
                 # The Workload's condition is wall time (1 s resolution), the benchmark's own times monotonic.
                 spans.append(max(0.0, (seen_running - start) + raised - admitted_wall))
@@ -270,8 +275,8 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
         wait(lambda i=i: f"c-{i}" in state.running_seen, 600, f"c-{i} running (preempting c-{i - 1})")
     out(f"chain of {length}: each job preempted the one before, {time.monotonic() - start:.0f}s")
     waiting = [f"c-{i}" for i in range(length - 1)]
-    wait(lambda: all(state.queued(j) for j in waiting), 600, "every preempted job Queued, its 5 pods gated")
-    out(f"  ... and every preempted job Queued again with its 5 pods gated, {time.monotonic() - start:.0f}s")
+    wait(lambda: all(state.queued(j) for j in waiting), 600, "every preempted job Queued, with no pod")
+    out(f"  ... and every preempted job Queued again with no pod, {time.monotonic() - start:.0f}s")
     finished: list[int] = []
 
     def running() -> str | None:
@@ -287,10 +292,8 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
         highest = max(j for j in range(length) if j not in finished)
         if int(job[2:]) != highest:
             with state.lock:
-                pods = sorted(
-                    f"{'gated ' if g else ''}{phase}" for _, g, phase in state.pods.get(f"c-{highest}", {}).values()
-                )
-                workload = next((w for name, w in state.workloads.items() if name.startswith(f"c-{highest}-")), {})
+                pods = sorted(phase for _, phase in state.pods.get(f"c-{highest}", {}).values())
+                workload = state.workloads.get(f"c-{highest}", {})
                 true = [
                     f"{c['type']} {c.get('reason')}" for c in workload.get("conditions") or [] if c["status"] == "True"
                 ]
@@ -303,7 +306,7 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
         if state.phases.get(job) == "Succeeded":
             finished.append(int(job[2:]))
     inversions = sum(1 for a, b in itertools.pairwise(finished) if b > a)
-    preemptions = kueue_preemptions(cluster, namespace)
+    preemptions = kueue_preemptions(cluster, namespace, state)
     with state.lock:
         counted = {f"c-{i}": state.restarts.get(f"c-{i}", {}).get("disruptions", 0) for i in range(length)}
     wrong = {job: (n, preemptions.get(job, 0)) for job, n in counted.items() if n != preemptions.get(job, 0)}
@@ -314,42 +317,42 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
         f"(counted, Kueue's): {wrong or 'none'}"
     )
     for job in wrong:  # what each side said, in order: the operator's restarts and Kueue's words on the Workload
-        for event in sorted(job_events(cluster, namespace, job), key=lambda e: str(e.first_timestamp)):
+        for event in sorted(job_events(cluster, namespace, state, job), key=lambda e: str(e.first_timestamp)):
             out(
                 f"  {job}: {event.first_timestamp:%H:%M:%S} {event.involved_object.kind} {event.reason} "
                 f"x{event.count or 1}: {event.message}"
             )
 
 
-def kueue_preemptions(cluster: Cluster, namespace: str) -> Counter:
+def kueue_preemptions(cluster: Cluster, namespace: str, state: Jobs) -> Counter:
     """Job -> how often Kueue preempted its Workload (its Preempted events)."""
     found: Counter = Counter()
     events = cluster.core.list_namespaced_event(namespace, field_selector="reason=Preempted").items
     for event in events:
-        if event.involved_object.kind == "Workload":
-            job = event.involved_object.name.rsplit("-", 1)[0]
+        job = state.workload_jobs.get(event.involved_object.name)
+        if event.involved_object.kind == "Workload" and job is not None:
             found[job] += max(event.count or 1, (event.series.count if event.series else 1) or 1)
     return found
 
 
-def job_events(cluster: Cluster, namespace: str, job: str) -> list:
-    """The events of the job and of its pod groups' Workloads (Kueue's), but the routine ones of pods."""
+def job_events(cluster: Cluster, namespace: str, state: Jobs, job: str) -> list:
+    """The events of the job and of its Workload (Kueue's), but the routine ones of pods."""
     events = cluster.core.list_namespaced_event(namespace).items
     return [
         e for e in events
         if e.involved_object.name == job
-        or (e.involved_object.kind == "Workload" and e.involved_object.name.rsplit("-", 1)[0] == job)
+        or (e.involved_object.kind == "Workload" and state.workload_jobs.get(e.involved_object.name) == job)
     ]  # fmt: skip
 
 
 def running_now(cluster: Cluster, namespace: str, job: str) -> bool:
-    """The job's 5 live pods, read now, are of one attempt, ungated and Running."""
+    """The job's 5 live pods, read now, are of one attempt and Running."""
     pods = list(cluster.live_pods(namespace, job).values())
     attempts = {p["metadata"]["labels"].get(api.LABEL_ATTEMPT) for p in pods}
     return (
         len(pods) == PODS_PER_JOB
         and len(attempts) == 1
-        and all(not kueue.is_gated(p) and (p.get("status") or {}).get("phase") == "Running" for p in pods)
+        and all((p.get("status") or {}).get("phase") == "Running" for p in pods)
     )
 
 
@@ -431,7 +434,7 @@ def main() -> None:
     finally:
         for watch in watches:
             watch.stopped = True
-        try:  # while the operator runs: it lets Kueue's finalizer go from the deleted jobs' pods
+        try:  # while the operator runs: it lets the deleted jobs' Workloads go (their finalizer)
             cluster.core.delete_namespace(namespace)
             wait(lambda: _gone(cluster, namespace), 900, f"namespace {namespace} deleted")
         except (ApiException, TimeoutError) as error:

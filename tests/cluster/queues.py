@@ -75,9 +75,10 @@ class Queue:
         return 0
 
     def workload(self, job: dict) -> dict | None:
+        """The job's Workload (`job`: as created, with its uid)."""
         try:
             return self.cluster.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "workloads", kueue.group_name(job)
+                GROUP, VERSION, self.namespace, "workloads", kueue.workload_name(job)
             )
         except ApiException as error:
             if error.status == 404:
@@ -96,9 +97,10 @@ class Queue:
                 f"Workload finalizers {meta.get('finalizers')}, deleting since {meta.get('deletionTimestamp')}, "
                 f"{len(meta.get('ownerReferences') or [])} owners, conditions {conditions}"
             )
-        pods = self.cluster.core.list_namespaced_pod(self.namespace, label_selector=f"{kueue.GROUP_LABEL}").items
+        selector = f"kubetf.io/job-name={job['metadata']['name']}"
+        pods = self.cluster.core.list_namespaced_pod(self.namespace, label_selector=selector).items
         left = [f"{p.metadata.name} {p.status.phase} finalizers {p.metadata.finalizers}" for p in pods]
-        return f"{state}; pods of groups left: {left}; ClusterQueue status {self.cq().get('status')}"
+        return f"{state}; its pods left: {left}; ClusterQueue status {self.cq().get('status')}"
 
     def delete(self) -> None:
         self.cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, "localqueues", self.local)
@@ -117,14 +119,17 @@ def priority_classes(cluster: Any, **values: int) -> None:
 
 
 def admitted(cluster: Any, namespace: str, job: str, count: int, what: str, timeout: float) -> dict[str, dict]:
-    """The job's `count` live pods, once Kueue has admitted them (ungated)."""
-    return cluster.wait_pods(
-        namespace, job, lambda p: len(p) == count and not any(map(kueue.is_gated, p.values())), what, timeout
-    )
+    """The job's `count` live pods: the operator creates them once Kueue has admitted the job."""
+    return cluster.wait_pods(namespace, job, lambda p: len(p) == count, what, timeout)
+
+
+def is_admitted(workload: dict | None) -> bool:
+    conditions = ((workload or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Admitted" and c["status"] == "True" for c in conditions)
 
 
 def finish_jobs(cluster: Any, namespace: str, timeout: float = 30) -> None:
-    """Delete the namespace's jobs while the operator runs: it lets Kueue's finalizer go from their pods."""
+    """Delete the namespace's jobs while the operator runs: it lets their Workloads go (their finalizer)."""
     for name in cluster.statuses(namespace):
         cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace, "trainingjobs", name)
     wait_for(lambda: not cluster.core.list_namespaced_pod(namespace).items, timeout, f"every pod in {namespace} gone")

@@ -1,5 +1,6 @@
 """Real TensorFlow jobs on a Kueue-managed cluster: each test's ClusterQueue has 2 of the node's (fake) GPUs, and
-Kueue decides which job runs. The operator runs in the cluster, installed by the chart (its RBAC included)."""
+Kueue decides which job runs. The operator runs in the cluster, installed by the chart (its RBAC included), as one
+of Kueue's external frameworks: it makes each queued job's Workload and its pods only once Kueue admits it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import threading
 import time
 
 import pytest
+from kubernetes import client, config
 
 from kubetf.core import api, kueue
 from kubetf.core import status as st
+from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
-from tests.cluster.queues import Queue, admitted, finish_jobs, make_flavor, priority_classes
+from tests.cluster.queues import Queue, admitted, finish_jobs, is_admitted, make_flavor, priority_classes
 
 from .conftest import elapsed, progress, sample, wait_epoch
 
@@ -79,7 +82,7 @@ def test_two_jobs_wanting_every_gpu_run_one_after_the_other(installed, namespace
     except pytest.fail.Exception:
         pytest.fail(f"b's condition never carried Kueue's reason; it said: {sorted(set(seen))}")
     assert f"ClusterQueue {queue.name}" in message and status["ready"] == "0/2"
-    assert all(kueue.is_gated(p) for p in cluster.pods(namespace, "b").values())  # no pod of b runs, none holds
+    assert cluster.pods(namespace, "b") == {}  # b has no pod until Kueue admits it
     cluster.wait_phase(namespace, "a", "Succeeded", timeout=600)
     a_done = time.monotonic()
     wait_for(lambda: running(cluster, namespace, "b", 2), 120, "b's pods Running", interval=0.2)
@@ -112,7 +115,7 @@ def test_a_preempted_job_queues_again_past_its_startup_timeout_and_resumes_from_
     print(f"\nKueue's preemption -> low's old pods gone: {elapsed(preempted)}")
     assert (status["restarts"]["disruptions"], status["restarts"]["failures"]) == (1, 0), status["restarts"]
     assert "by Kueue" in status["restarts"]["lastReason"]
-    wait_for(lambda: not gated(cluster, namespace, "low"), 300, "low admitted again", interval=0.2)
+    wait_for(lambda: admitted_again(cluster, namespace, "low"), 300, "low admitted again", interval=0.2)
     queued_for = time.monotonic() - preempted
     print(f"low queued again for {queued_for:.0f}s (startupTimeoutSeconds={timeout})")
     assert queued_for > timeout
@@ -183,7 +186,7 @@ def test_a_parameter_server_job_gives_its_quota_back_when_it_succeeds(installed,
     wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 1, 30, "the ClusterQueue to count the job")
     cluster.wait_phase(namespace, "ps-training", "Succeeded", timeout=900)
     succeeded = time.monotonic()
-    # ps pods never exit by themselves: stopped by the operator, marked so that Kueue finishes the group.
+    # ps pods never exit by themselves: the Workload finishes with the job, not with its last pod.
     wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 0, 15, "the ClusterQueue's usage back to 0")
     print(f"\nps-training succeeded -> its quota released: {elapsed(succeeded)}")
     assert queue.workload(job) is None or any(
@@ -257,9 +260,10 @@ def ps_sleepers(name: str, queue: Queue, chief_seconds: int) -> dict:
     }
 
 
-def gated(cluster, namespace: str, job: str) -> bool:
+def admitted_again(cluster, namespace: str, job: str) -> bool:
+    """The job's pods of its second attempt exist: created once Kueue admitted it again."""
     pods = cluster.live_pods(namespace, job)
-    return bool(pods) and all(kueue.is_gated(p) for p in pods.values())
+    return bool(pods) and all(p["metadata"]["labels"][api.LABEL_ATTEMPT] == "1" for p in pods.values())
 
 
 def test_a_job_queued_three_times_past_its_timeouts_is_then_admitted_and_succeeds(installed, namespace, queue):
@@ -294,14 +298,15 @@ CHAIN_RUNS = int(os.environ.get("KUBETF_CHAIN_RUNS", "1"))  # 10 for the proof t
 
 
 class PodTimes:
-    """Polls a namespace's pods every 50 ms and records, per job and attempt, when its pods all stopped running
-    (Failed or gone) and when all of the next attempt's pods existed."""
+    """Polls a namespace's pods and Workloads every 50 ms and records, per job and attempt, when its pods all
+    stopped running (Failed or gone) and when all of them existed (the operator creates them once Kueue admits the
+    job), and per job when its Workload gave its quota back (QuotaReserved False) after a preemption."""
 
     def __init__(self, cluster, namespace: str) -> None:
         self.cluster, self.namespace = cluster, namespace
         self.stopped: dict[tuple[str, str], float] = {}  # (job, attempt) -> all of its pods stopped
         self.complete: dict[tuple[str, str], float] = {}  # (job, attempt) -> all 2 of its pods exist
-        self.ungated: dict[tuple[str, str], float] = {}  # (job, attempt) -> Kueue admitted them
+        self.released: dict[str, float] = {}  # job -> its quota given back after its first attempt stopped
         self.pod_events: dict[str, list[tuple[float, str]]] = {}  # job -> (time, "pod: phase") as they changed
         self.history: list[tuple[float, str]] = []  # every pod's and Workload's changes, for a failure's message
         self.seen: set[tuple[str, str]] = set()
@@ -318,7 +323,6 @@ class PodTimes:
             for pod in items["items"]:
                 labels = pod["metadata"].get("labels") or {}
                 what = f"{pod['metadata']['name']}@{labels.get(api.LABEL_ATTEMPT)}: {pod['status'].get('phase')}"
-                what += " gated" if kueue.is_gated(pod) else ""
                 events = self.pod_events.setdefault(labels.get(api.LABEL_JOB, ""), [])
                 if what not in [w for _, w in events]:
                     events.append((now, what))
@@ -330,18 +334,17 @@ class PodTimes:
                     self.seen.add(key)
                 if len(pods) == 2:
                     self.complete.setdefault(key, now)
-                    if not any(map(kueue.is_gated, pods)):
-                        self.ungated.setdefault(key, now)
                 if all(p["status"].get("phase") in ("Failed", "Succeeded") for p in pods) and key in self.complete:
                     self.stopped.setdefault(key, now)
             workloads = self.cluster.custom.list_namespaced_custom_object(
                 kueue.GROUP, kueue.VERSION, self.namespace, "workloads"
             )["items"]
             for workload in workloads:
-                conditions = " ".join(
-                    f"{c['type']}={c['status']}" for c in (workload.get("status") or {}).get("conditions") or []
-                )
-                what = f"Workload {workload['metadata']['name'].rsplit('-', 1)[0]}: {conditions}"
+                job = (workload["metadata"].get("labels") or {}).get(api.LABEL_JOB, "")
+                found = {c["type"]: c["status"] for c in (workload.get("status") or {}).get("conditions") or []}
+                if (job, "0") in self.stopped and found.get("QuotaReserved") == "False":
+                    self.released.setdefault(job, now)
+                what = f"Workload {job}: {' '.join(f'{t}={v}' for t, v in found.items())}"
                 if not any(w == what for _, w in self.history):
                     self.history.append((now, what))
             time.sleep(0.05)
@@ -357,8 +360,8 @@ class PodTimes:
 @pytest.mark.parametrize("run", range(CHAIN_RUNS))
 def test_a_preemption_chain_readmits_by_priority_and_counts_one_disruption_each(installed, namespace, queue, run):
     """low < mid < high, each wanting the queue's 2 GPUs: mid preempts low, high preempts mid. When high ends, mid
-    (preempted last, higher priority) must be admitted before low: its group is complete again within a second of
-    its old pods stopping, so Kueue finds it admissible."""
+    (preempted last, higher priority) must be admitted before low: a preempted job gives its quota back within a
+    second of its old pods stopping, and waits in its queue with no pod."""
     cluster = installed
     priority_classes(cluster, **{"kubetf-e2e-mid": 500})
     times = PodTimes(cluster, namespace)
@@ -376,11 +379,69 @@ def test_a_preemption_chain_readmits_by_priority_and_counts_one_disruption_each(
     for status, job in ((low, "low"), (mid, "mid")):
         restarts = status["restarts"]
         assert (restarts["disruptions"], restarts["failures"]) == (1, 0), f"{job}: {restarts}\n{times.timeline()}"
-    assert times.ungated[("mid", "1")] < times.ungated[("low", "1")], f"low admitted before mid\n{times.timeline()}"
+    assert times.complete[("mid", "1")] < times.complete[("low", "1")], f"low admitted before mid\n{times.timeline()}"
     for job in ("low", "mid"):
-        gap = times.complete[(job, "1")] - times.stopped[(job, "0")]
+        gap = times.released[job] - times.stopped[(job, "0")]
         start = times.stopped[(job, "0")]
         timeline = ", ".join(f"{t - start:+.2f}s {w}" for t, w in times.pod_events[job] if abs(t - start) < 5)
-        print(f"\n{job}: old pods stopped -> the group complete again: {gap:.2f}s ({timeline})")
+        print(f"\n{job}: old pods stopped -> its quota given back: {gap:.2f}s ({timeline})")
         if CHAIN_RUNS > 1:  # the proof runs: a bound belongs to them, not to every `make test`
             assert gap <= 1.0 + 0.1  # the poll's own resolution on top
+
+
+# ---------------------------------------------------------------------- many jobs: no pod before the admission
+
+MANY = 200
+
+
+@pytest.fixture(scope="module")
+def fake_nodes(installed) -> list[str]:
+    core = client.CoreV1Api(config.new_client_from_config(config_file=installed.kubeconfig))
+    return kwok.ensure_fake_nodes(installed.kubeconfig, core, 4)
+
+
+def one_worker_on_fake_nodes(name: str, queue: Queue, seconds: int) -> dict:
+    """A job of one worker that asks for one cpu of the queue's quota and runs `seconds` on a fake node (kwok)."""
+    template = sleeping(seconds)
+    template["metadata"] = {"annotations": {kwok.EXIT_CODE: "0", kwok.EXIT_AFTER: f"{seconds}s"}}
+    template["spec"] = kwok.on_fake_nodes(template["spec"])
+    template["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "32Mi"}}
+    return {
+        "metadata": {"name": name, "labels": labels(queue, None)},
+        "spec": {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": {"replicas": 1, "template": template}}},
+    }
+
+
+@pytest.mark.xdist_group("fake-nodes")
+def test_hundreds_of_queued_jobs_have_no_pod_until_each_is_admitted(installed, namespace, kueue_installed, fake_nodes):
+    """200 jobs in a ClusterQueue that admits 20 at a time (its cpu quota): at every look, a pod exists only for a
+    job Kueue has admitted; each admitted job's pod runs (kwok), ends, and the next jobs are admitted."""
+    cluster = installed
+    queue = Queue(cluster, namespace, gpus=0, cpu="20")
+    try:
+        for i in range(MANY):
+            submit(cluster, namespace, one_worker_on_fake_nodes(f"many-{i:03d}", queue, 3))
+        ever_admitted: set[str] = set()
+        looks, most_pods = 0, 0
+
+        def all_succeeded() -> bool:
+            nonlocal looks, most_pods
+            pods = cluster.raw(cluster.core.list_namespaced_pod(namespace, _preload_content=False))["items"]
+            workloads = cluster.custom.list_namespaced_custom_object(kueue.GROUP, kueue.VERSION, namespace, "workloads")
+            for workload in workloads["items"]:  # listed after the pods: an admission a pod needed is in it
+                if is_admitted(workload):
+                    ever_admitted.add(workload["metadata"]["labels"][api.LABEL_JOB])
+            jobs = {p["metadata"]["labels"][api.LABEL_JOB] for p in pods}
+            assert jobs <= ever_admitted, f"pods of jobs Kueue never admitted: {sorted(jobs - ever_admitted)[:5]}"
+            looks, most_pods = looks + 1, max(most_pods, sum(p["status"].get("phase") == "Running" for p in pods))
+            phases = [s.get("phase") for s in cluster.statuses(namespace).values()]
+            return phases.count("Succeeded") == MANY
+
+        started = time.monotonic()
+        wait_for(all_succeeded, 900, "every job admitted in its turn and succeeded", interval=0.5)
+        print(f"\n{MANY} jobs, 20 admitted at a time: all succeeded in {elapsed(started)}; {looks} looks, at most "
+              f"{most_pods} pods running at once")  # fmt: skip
+        assert most_pods <= 20
+    finally:
+        finish_jobs(cluster, namespace, timeout=300)
+        queue.delete()

@@ -99,7 +99,7 @@ def is_started(pod: Pod) -> bool:
 
 def unscheduled_since(pod: Pod, not_before: float | None = None) -> float | None:
     """When the scheduler first said it cannot place the pod, or None. `not_before`: when the job could start (its
-    admission): a pod created before that waited gated, and its condition keeps the time it was gated."""
+    admission): the wait of a pod older than that counts from then (its condition keeps its own, older time)."""
     created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
