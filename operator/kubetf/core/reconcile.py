@@ -127,8 +127,9 @@ def farewell(seen: Observed) -> Farewell:
 def dispatch(seen: Observed, config: OperatorConfig) -> Dispatch:
     """A job MultiKueue runs on a worker cluster (kubetf.core.kueue.dispatched): here it has its Workload and no
     pod, and its status is Kueue's copy of the worker's, never written here. Its Workload follows that copy: made
-    while it has none, PodsReady, its quota given back after an eviction once the copy shows no pod running,
-    finished when the copy says the job ended."""
+    while it has none, PodsReady, finished when the copy says the job ended. Evicted, its quota goes back at once:
+    no pod of it runs here, and Kueue removes the worker's copy (and its pods) once this reservation is gone; a
+    lost worker's copy would never say its pods stopped."""
     assert seen.job is not None
     job, admission, now = api.with_defaults(seen.job), seen.admission, seen.now
     result = Dispatch()
@@ -152,9 +153,7 @@ def dispatch(seen: Observed, config: OperatorConfig) -> Dispatch:
                                        now)  # fmt: skip
         return result
     result.writes += _object_writes(job, admission, config, suspended=bool(api.run_policy(job).get("suspend")))
-    counts = (status.get("replicaStatuses") or {}).values()
-    running = any(c.get("active") for c in counts)
-    result.writes += _status_writes(admission, now, ready=_all_ready(job, status), running=running)
+    result.writes += _status_writes(admission, now, ready=_all_ready(job, status), running=False)
     return result
 
 
