@@ -36,6 +36,10 @@
 # Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
 # KUBETF_FAKE_GPUS (default 12), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
 # KUBETF_KWOK_LOG_LEVEL (default WARN; INFO logs every lease renewal and pod change).
+# Versions (default: the pins below): KUBETF_K8S_VERSION (the control plane and kubectl, e.g. v1.35.8),
+# KUBETF_KUBELET_VERSION, KUBETF_KUBE_PROXY_VERSION (default: KUBETF_KUBELET_VERSION when set), KUBETF_FEATURE_GATES
+# and KUBETF_RUNTIME_CONFIG (default: by the control plane's minor version; set empty for none). Every command must
+# see the same ones the cluster was started with: with others, `up` replaces the cluster and the rest say it is not up.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -46,22 +50,38 @@ IMAGE_STORE=/var/lib/kubetf-containerd          # the node's containerd root (im
 CTR_SOCK="$RUN/containerd/containerd.sock"      # not /run/containerd: dockerd would adopt that one
 
 # The control plane (kube-apiserver, kube-controller-manager, kube-scheduler) and kubectl: the version the wrapper
-# module pins.
-K8S_VERSION="$(grep -oE 'k8s\.io/kubernetes v1\.[0-9]+\.[0-9]+' "$HERE/k8s-build/go.mod" | head -1 | cut -d' ' -f2)"
+# module pins, or KUBETF_K8S_VERSION (any release the Go module proxy serves: k8s-build/build.sh generates its
+# wrapper module; `make test-k8s-1.35` runs the cluster tiers on 1.35 so, through with-k8s.sh).
+K8S_VERSION="${KUBETF_K8S_VERSION:-$(grep -oE 'k8s\.io/kubernetes v1\.[0-9]+\.[0-9]+' "$HERE/k8s-build/go.mod" | head -1 | cut -d' ' -f2)}"
 # The node's kubelet and kube-proxy, pinned here on their own: they follow the control plane only by decision.
 # Kubernetes' version-skew policy lets both be up to three minor versions older than the API server, the way out
 # when a newer kubelet refuses this machine. 1.37.2 runs here (cgroup v1, Debian 12's containerd 1.6) with
 # `failCgroupV1: false` (kubelet.yaml below), but it already says the next one will not: containerd 1.6 lacks the
 # CRI RuntimeConfig call, and the kubelet falls back to its own cgroupDriver, reporting
 # kubelet_cri_losing_support{version="1.38.0"}. A later control plane needs a kubelet decision here (see
-# docs/compatibility.md).
-KUBELET_VERSION=v1.37.2
-KUBE_PROXY_VERSION=v1.37.2
+# docs/compatibility.md). KUBETF_KUBELET_VERSION / KUBETF_KUBE_PROXY_VERSION choose others (`up` refuses a skew the
+# policy does not allow: a 1.35 control plane needs a 1.35 kubelet; 1.35's kubelet needs `failCgroupV1: false` too).
+KUBELET_VERSION="${KUBETF_KUBELET_VERSION:-v1.37.2}"
+KUBE_PROXY_VERSION="${KUBETF_KUBE_PROXY_VERSION:-${KUBETF_KUBELET_VERSION:-v1.37.2}}"
+for v in "$K8S_VERSION" "$KUBELET_VERSION" "$KUBE_PROXY_VERSION"; do
+  [[ $v =~ ^v1\.[0-9]+\.[0-9]+$ ]] || { echo "local-cluster.sh: not a Kubernetes version: '$v' (want v1.MINOR.PATCH)" >&2; exit 2; }
+done
+k8s_minor() { local v=${1#v1.}; echo "${v%%.*}"; }
 # Kubernetes' own gang scheduling (KEP-4671, the Workload API): GenericWorkload is beta but off by default in 1.37;
 # it serves workloads and podgroups, starts the controller-manager's podgroup-protection controller and adds the
 # scheduler's GangScheduling plugin. Its beta API version needs runtime-config as well.
-FEATURE_GATES=GenericWorkload=true
-RUNTIME_CONFIG=scheduling.k8s.io/v1beta1=true
+# Before 1.37 it is left off, as those releases ship: 1.35 and 1.36 have only an alpha (gates GenericWorkload and
+# GangScheduling, scheduling.k8s.io/v1alpha1; in 1.35 a Workload embeds its pod groups and pods name it in
+# spec.workloadRef), another API than the v1beta1 kubetf speaks, so kubetf finds no native gang scheduler there either
+# way. KUBETF_FEATURE_GATES=GenericWorkload=true,GangScheduling=true
+# KUBETF_RUNTIME_CONFIG=scheduling.k8s.io/v1alpha1=true turns that alpha on.
+if (($(k8s_minor "$K8S_VERSION") >= 37)); then
+  FEATURE_GATES="${KUBETF_FEATURE_GATES-GenericWorkload=true}"
+  RUNTIME_CONFIG="${KUBETF_RUNTIME_CONFIG-scheduling.k8s.io/v1beta1=true}"
+else
+  FEATURE_GATES="${KUBETF_FEATURE_GATES-}"
+  RUNTIME_CONFIG="${KUBETF_RUNTIME_CONFIG-}"
+fi
 ETCD_VERSION="$(grep -oE 'go\.etcd\.io/etcd/server/v3 v3\.[0-9]+\.[0-9]+' "$HERE/etcd-build/go.mod" | head -1 | cut -d' ' -f2)"
 COREDNS_VERSION=v1.14.7
 KWOK_VERSION=v0.7.0
@@ -682,7 +702,7 @@ start_apiserver() {
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --enable-aggregator-routing=true \
-    --feature-gates="$FEATURE_GATES" --runtime-config="$RUNTIME_CONFIG" \
+    ${FEATURE_GATES:+"--feature-gates=$FEATURE_GATES"} ${RUNTIME_CONFIG:+"--runtime-config=$RUNTIME_CONFIG"} \
     --profiling=false --v=1
   wait_for 120 kube-apiserver kc get --raw /readyz
 }
@@ -695,12 +715,12 @@ start_controllers() {
     --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" --cluster-cidr="$CLUSTER_CIDR" --allocate-node-cidrs=false \
-    --controllers='*' --concurrent-gc-syncs=10 --feature-gates="$FEATURE_GATES" --profiling=false --v=1
+    --controllers='*' --concurrent-gc-syncs=10 ${FEATURE_GATES:+"--feature-gates=$FEATURE_GATES"} --profiling=false --v=1
   start_daemon kube-scheduler "$K8S_BIN/kube-scheduler" \
     --kubeconfig="$CONF/scheduler.kubeconfig" \
     --authentication-kubeconfig="$CONF/scheduler.kubeconfig" \
     --authorization-kubeconfig="$CONF/scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --leader-elect=false --feature-gates="$FEATURE_GATES" --profiling=false --v=1
+    --bind-address=127.0.0.1 --leader-elect=false ${FEATURE_GATES:+"--feature-gates=$FEATURE_GATES"} --profiling=false --v=1
 }
 apply_cluster_objects() {
   kc apply -f - >/dev/null <<EOF
@@ -1109,6 +1129,20 @@ delete_volcano() {  # uninstall: the controllers, then the CRDs (every PodGroup,
 }
 
 # ---------------------------------------------------------------- commands
+check_skew() {  # Kubernetes' version-skew policy: a kubelet and kube-proxy no newer than the API server, at most
+  # three minor versions older
+  local cp name v m var
+  cp="$(k8s_minor "$K8S_VERSION")"
+  for name in kubelet kube-proxy; do
+    if [[ $name == kubelet ]]; then v=$KUBELET_VERSION var=KUBETF_KUBELET_VERSION
+    else v=$KUBE_PROXY_VERSION var=KUBETF_KUBE_PROXY_VERSION; fi
+    m="$(k8s_minor "$v")"
+    ((m <= cp)) || die "$name $v is newer than the control plane $K8S_VERSION, which Kubernetes' version-skew policy" \
+      "forbids (e.g. $var=$K8S_VERSION)"
+    ((m >= cp - 3)) || die "$name $v is more than three minor versions older than the control plane $K8S_VERSION" \
+      "(Kubernetes' version-skew policy)"
+  done
+}
 cluster_stale() { [[ -f $STAMP_FILE && "$(cat "$STAMP_FILE")" != "$CLUSTER_STAMP" ]]; }
 cluster_ok() {
   local d
@@ -1118,6 +1152,33 @@ cluster_ok() {
 }
 LOCK=/run/kubetf-cluster-up.lock
 lock() { exec 9>"$LOCK"; flock -w 3600 9 || die "another local-cluster.sh holds $LOCK"; }
+# A run that needs the cluster at other versions for a while (with-k8s.sh, e.g. make test-k8s-1.35) reserves it:
+# RESERVED holds the run's pid and the stamp of the cluster it runs. Meanwhile an `up` or `down` for any other
+# cluster (another checkout's test session would replace it) waits until that run has ended, instead of pulling
+# the cluster away from under it; other commands say the cluster is not up (theirs is not).
+RESERVED=/run/kubetf-cluster-reserved
+reservation() {  # "PID STAMP" of a live reservation
+  local pid stamp
+  [[ -f $RESERVED ]] && read -r pid stamp <"$RESERVED" 2>/dev/null || return 1
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+  echo "$pid $stamp"
+}
+reserved_by_other() { local r; r="$(reservation)" && [[ ${r#* } != "$CLUSTER_STAMP" ]] && echo "$r"; }
+lock_unreserved() {  # lock, once no run holds the cluster reserved for another one (waits up to 2 hours)
+  local t0=$SECONDS held said=0
+  while :; do
+    while held="$(reserved_by_other)"; do
+      ((said)) || log "the cluster is reserved by pid ${held%% *} for '${held#* }': waiting until that run ends"
+      said=1
+      ((SECONDS - t0 < 7200)) || die "the cluster is still reserved after 2 hours (pid ${held%% *}; $RESERVED)"
+      sleep 5
+    done
+    lock
+    reserved_by_other >/dev/null || break
+    exec 9>&-  # reserved meanwhile: that run goes first
+  done
+  ((said == 0)) || log "the reservation ended: waited $((SECONDS - t0))s"
+}
 cmd_up() {
   local kueue=0 kueue_build=""
   while (($#)); do
@@ -1130,7 +1191,8 @@ cmd_up() {
   done
   [[ $FAKE_NODES =~ ^[0-9]+$ ]] || die "--fake-nodes/KUBETF_FAKE_NODES: not a number: $FAKE_NODES"
   [[ $EUID -eq 0 ]] || die "must run as root"
-  lock
+  check_skew
+  lock_unreserved
   mkdir -p "$CACHE/logs"
   if cluster_ok; then
     log "cluster already up"
@@ -1138,6 +1200,7 @@ cmd_up() {
     gpus_advertised || advertise_gpus  # a cluster brought up with another KUBETF_FAKE_GPUS
     ((FAKE_NODES == 0)) || stage fake-nodes ensure_fake_nodes "$FAKE_NODES"
     ((kueue == 0)) || stage kueue install_kueue
+    install_tools  # kubectl: this control plane's (a run at another version linked its own)
     cmd_env; return 0
   fi
   # Kueue's build is the long pole of a cold start: it runs beside everything else (its log says how it went)
@@ -1174,12 +1237,12 @@ cmd_up() {
   fi
   echo "$CLUSTER_STAMP" >"$STAMP_FILE"
   log "cluster up in $((SECONDS - T_START))s: node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION" \
-    "(kubelet $KUBELET_VERSION, kube-proxy $KUBE_PROXY_VERSION; feature gates $FEATURE_GATES)"
+    "(kubelet $KUBELET_VERSION, kube-proxy $KUBE_PROXY_VERSION; feature gates ${FEATURE_GATES:-none})"
   cmd_env
 }
 cmd_down() {
   local d
-  [[ "${LOCKED:-}" ]] || lock
+  [[ "${LOCKED:-}" ]] || lock_unreserved
   mkdir -p "$RUN"
   stop_daemon kwok
   stop_daemon hostpath-provisioner coredns kube-proxy kubelet kube-scheduler kube-controller-manager
@@ -1214,6 +1277,7 @@ cmd_status() {
   if running kwok; then echo "kwok: running (pid $(pid_of kwok))"; fi
   if [[ -f $STAMP_FILE ]]; then echo "started as: $(cat "$STAMP_FILE")"; fi
   if cluster_stale; then echo "this script wants: $CLUSTER_STAMP (up replaces the cluster)"; fi
+  local r; if r="$(reservation)"; then echo "reserved by pid ${r%% *} for: ${r#* }"; fi
   if ((rc == 0)) && kc get --raw /readyz >/dev/null 2>&1; then
     kc get nodes -o wide
   else
