@@ -1,5 +1,6 @@
-"""Registers the session-scoped `kube_cluster` fixture (tests/cluster/fixture.py) for every test tier, and undoes
-what the run set up once for all its workers (tests/cluster/session.py) when it ends."""
+"""Registers the session-scoped `kube_cluster` fixture (tests/cluster/fixture.py) and the `k8s_min` marker
+(tests/cluster/k8s_version.py) for every test tier, and undoes what the run set up once for all its workers
+(tests/cluster/session.py) when it ends."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.session import undo_steps
 
-pytest_plugins = ["tests.cluster.fixture", "tests.ordering"]
+pytest_plugins = ["tests.cluster.fixture", "tests.ordering", "tests.cluster.k8s_version"]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
