@@ -28,11 +28,11 @@ KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
 .PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster test-trainer-beside-alone \
-	test-unit-beside-lint-kueue \
+	test-unit-beside-lint-kueue test-k8s-1.35 test-cluster-staged \
 	cluster cluster-down images install \
 	demo demo-kueue bench bench-scale bench-compare bench-kueue bench-kueue-scale bench-progress
 help:
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 # uv installs from its cache (~/.cache/kubetf/uv) in seconds where pip took over a minute (TensorFlow's wheels).
 $(VENV)/.installed: pyproject.toml
@@ -74,6 +74,13 @@ RESULTS ?= .test-results
 xdist = -n $(1) --dist loadgroup --no-loadscope-reorder
 XDIST = $(call xdist,$(WORKERS))
 junit = --junitxml=$(RESULTS)/$(1).xml
+# The cluster tiers' runs, each written once: `make test`, test-quick, test-integration, test-e2e and test-k8s-1.35
+# all run these.
+integration_parallel = $(PYTEST) $(XDIST) -m "integration and not serial" tests/integration $(call junit,integration)
+integration_alone = $(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone)
+e2e_parallel = KUBETF_IMAGES_BUILT=1 $(PYTEST) $(call xdist,$(E2E_WORKERS)) -m "e2e and not serial" tests/e2e \
+	$(call junit,e2e)
+e2e_alone = KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone)
 
 test-unit: venv tools ## pure tests, seconds (one xdist worker per core: they compute)
 	$(PYTEST) $(call xdist,auto) -m unit tests/unit $(call junit,unit)
@@ -82,13 +89,13 @@ test-trainer: venv ## TensorFlow training as local processes (kubetf local), two
 	$(PYTEST) $(call xdist,$(TRAINER_WORKERS)) -m trainer tests/trainer $(call junit,trainer)
 
 test-integration: venv tools ## the operator against the real API server: in parallel, then the tests that run alone
-	$(PYTEST) $(XDIST) -m "integration and not serial" tests/integration $(call junit,integration)
-	$(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone)
+	$(integration_parallel)
+	$(integration_alone)
 
 test-e2e: venv tools ## the chart and real TensorFlow pods: in parallel, then the tests that run alone
 	$(MAKE) --no-print-directory images
-	KUBETF_IMAGES_BUILT=1 $(PYTEST) $(call xdist,$(E2E_WORKERS)) -m "e2e and not serial" tests/e2e $(call junit,e2e)
-	KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone)
+	$(e2e_parallel)
+	$(e2e_alone)
 
 test-cluster: test-integration test-e2e ## integration and e2e tiers on $$KUBECONFIG, else on the local cluster
 
@@ -103,11 +110,9 @@ stage = start=$$SECONDS; cpu=$$($(cpu_jiffies)); $(2) || exit $$?; took=$$((SECO
 test: venv tools ## every test tier, each stage timed, then one table (tiers, stages, slowest tests)
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	@$(call stage,unit (lint and Kueue beside),$(MAKE) --no-print-directory test-unit-beside-lint-kueue)
-	@$(call stage,integration (parallel),$(PYTEST) $(XDIST) -m "integration and not serial" tests/integration \
-		$(call junit,integration))
+	@$(call stage,integration (parallel),$(integration_parallel))
 	@$(call stage,images,$(MAKE) --no-print-directory images)
-	@$(call stage,e2e (parallel),KUBETF_IMAGES_BUILT=1 $(PYTEST) $(call xdist,$(E2E_WORKERS)) \
-		-m "e2e and not serial" tests/e2e $(call junit,e2e))
+	@$(call stage,e2e (parallel),$(e2e_parallel))
 	@$(call stage,trainer beside the cluster tests that run alone,$(MAKE) --no-print-directory test-trainer-beside-alone)
 	@$(PY) -m tests.summary $(RESULTS)
 
@@ -130,17 +135,43 @@ test-trainer-beside-alone: venv tools
 	@set +e; $(PYTEST) $(call xdist,$(TRAINER_WORKERS)) -m trainer tests/trainer $(call junit,trainer) \
 		> $(RESULTS)/trainer.log 2>&1 & trainer=$$!; \
 	trap 'kill -INT $$trainer 2>/dev/null; wait $$trainer; exit 130' INT TERM; \
-	KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone); alone=$$?; \
-	$(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone) || alone=1; \
+	$(e2e_alone); alone=$$?; \
+	$(integration_alone) || alone=1; \
 	wait $$trainer; trained=$$?; echo "::: the trainer tier, run beside them:"; cat $(RESULTS)/trainer.log; \
 	[ $$alone = 0 ] && [ $$trained = 0 ]
 
 test-quick: venv tools ## the edit-test loop: lint, unit and the integration tests that run in parallel (minutes)
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	@$(call stage,unit (lint and Kueue beside),$(MAKE) --no-print-directory test-unit-beside-lint-kueue)
-	@$(call stage,integration (parallel),$(PYTEST) $(XDIST) -m "integration and not serial" tests/integration \
-		$(call junit,integration))
+	@$(call stage,integration (parallel),$(integration_parallel))
 	@$(PY) -m tests.summary $(RESULTS)
+
+# Kubernetes 1.35 (users run 1.35 to 1.37; CI runs 1.37): the integration and e2e tiers against the local cluster
+# brought up at 1.35 (control plane, kubelet and kube-proxy; the Workload API off, as 1.35 ships it), then the cluster
+# put back as it was (tests/cluster/with-k8s.sh says how). Meanwhile nobody else has the local cluster: an `up` from
+# elsewhere waits for the end. K8S_1_35: the newest 1.35 patch the Go module proxy serves (it refuses v1.35.7 and
+# everything after v1.35.8). Tests marked k8s_min("1.37", reason=...) are skipped with their reason
+# (tests/cluster/k8s_version.py); nothing else is left out.
+# The recipe names make through `submake`, not $(MAKE): make runs a line naming $(MAKE) even under `make -n`, and
+# this one takes the cluster down.
+K8S_1_35 ?= v1.35.8
+submake = $(MAKE)
+test-k8s-1.35: venv tools ## integration and e2e tiers on the local cluster at Kubernetes 1.35, then it is put back (~45 min)
+	tests/cluster/with-k8s.sh $(K8S_1_35) -- $(submake) --no-print-directory test-cluster-staged
+
+# The cluster tiers' stages as `make test` runs them (no unit, no trainer), each timed; every stage runs even after
+# one failed (a compatibility run reports everything), then the summary table; fails if any stage failed.
+keep_going = $(2) || { echo "$(1)" >> $(RESULTS)/failed-stages; echo "::: $(1) FAILED"; }
+test-cluster-staged: venv tools
+	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
+	@$(call stage,integration (parallel),$(call keep_going,integration (parallel),$(integration_parallel)))
+	@$(call stage,images,$(call keep_going,images,$(MAKE) --no-print-directory images))
+	@$(call stage,e2e (parallel),$(call keep_going,e2e (parallel),$(e2e_parallel)))
+	@$(call stage,e2e (alone),$(call keep_going,e2e (alone),$(e2e_alone)))
+	@$(call stage,integration (alone),$(call keep_going,integration (alone),$(integration_alone)))
+	@$(PY) -m tests.summary $(RESULTS); summary=$$?; \
+	if [ -s $(RESULTS)/failed-stages ]; then echo "::: failed stages: $$(paste -sd, $(RESULTS)/failed-stages)"; exit 1; fi; \
+	exit $$summary
 
 cluster: ## the local cluster, unless a kubeconfig names another one (FAKE_NODES=4: also 4 fake kwok nodes)
 	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) up $(if $(FAKE_NODES),--fake-nodes $(FAKE_NODES)); \
