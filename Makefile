@@ -156,7 +156,7 @@ test-quick: venv tools ## the edit-test loop: lint, unit and the integration tes
 # this one takes the cluster down.
 K8S_1_35 ?= v1.35.8
 submake = $(MAKE)
-test-k8s-1.35: venv tools ## integration and e2e tiers on the local cluster at Kubernetes 1.35, then it is put back (~45 min)
+test-k8s-1.35: venv tools ## integration and e2e tiers on the local cluster at Kubernetes 1.35, then it is put back (~30 min)
 	tests/cluster/with-k8s.sh $(K8S_1_35) -- $(submake) --no-print-directory test-cluster-staged
 
 # The cluster tiers' stages as `make test` runs them (no unit, no trainer), each timed; every stage runs even after

@@ -11,7 +11,7 @@
 #  3. `local-cluster.sh down`, then `up --kueue --fake-nodes N` (N: KUBETF_FAKE_NODES, else 4 as in CI) with the
 #     control plane at VERSION and the kubelet and kube-proxy at KUBELET_VERSION (default VERSION: the skew policy
 #     allows no kubelet newer than the API server), then Volcano; the binaries are built first if not cached
-#     (k8s-build/build.sh, ~25 min cold); checks that the API server and the node report those versions;
+#     (k8s-build/build.sh: v1.35.8 took 13 min cold); checks that the API server and the node report those versions;
 #  4. runs COMMAND with the cluster's environment (local-cluster.sh env) and KUBETF_K8S_VERSION,
 #     KUBETF_KUBELET_VERSION exported: every local-cluster.sh call the tests make then finds this cluster up, and
 #     tests marked k8s_min("1.37", reason=...) are skipped with their reason (tests/cluster/k8s_version.py);
