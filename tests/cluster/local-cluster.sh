@@ -40,6 +40,7 @@
 # KUBETF_KUBELET_VERSION, KUBETF_KUBE_PROXY_VERSION (default: KUBETF_KUBELET_VERSION when set), KUBETF_FEATURE_GATES
 # and KUBETF_RUNTIME_CONFIG (default: by the control plane's minor version; set empty for none). Every command must
 # see the same ones the cluster was started with: with others, `up` replaces the cluster and the rest say it is not up.
+# While a with-k8s.sh run (make test-k8s-1.35) has the cluster reserved, `up` and `down` for any other cluster wait.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -1354,5 +1355,5 @@ case "${1:-}" in
   volcano-delete) cluster_ok || die "the cluster is not up"; lock; stage volcano-delete delete_volcano ;;
   volcano-build) stage volcano-build build_volcano_image ;;
   apiserver-restart) shift; cmd_apiserver_restart "$@" ;;
-  *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,/^set -euo/{/^#/p;}' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
