@@ -5,7 +5,8 @@
 #
 # `make test-k8s-1.35` is `with-k8s.sh v1.35.8 -- make test-cluster-staged`. Step by step:
 #  1. remembers the local cluster: the versions, feature gates and runtime config it was started with (its
-#     cluster.stamp), whether Kueue and Volcano are installed, its fake kwok nodes and the GPUs its nodes advertise;
+#     cluster.stamp), whether Kueue and Volcano are installed and MultiKueue's planes run (local-cluster.sh
+#     multikueue), its fake kwok nodes and the GPUs its nodes advertise;
 #  2. reserves the cluster (local-cluster.sh RESERVED): meanwhile an `up` or `down` for any other cluster, e.g.
 #     another checkout's test session, waits until this run ends instead of replacing the cluster under it;
 #  3. `local-cluster.sh down`, then `up --kueue --fake-nodes N` (N: KUBETF_FAKE_NODES, else 4 as in CI) with the
@@ -16,9 +17,9 @@
 #     KUBETF_KUBELET_VERSION exported: every local-cluster.sh call the tests make then finds this cluster up, and
 #     tests marked k8s_min("1.37", reason=...) are skipped with their reason (tests/cluster/k8s_version.py);
 #  5. always (COMMAND failed, a step failed, Ctrl-C): `down`, the reservation released, and the cluster brought up
-#     again as remembered (with Kueue, Volcano, its fake nodes); nothing if no cluster was up before. Objects in the
-#     cluster (namespaces, the chart, jobs) are not carried over: `down` wipes etcd, and etcd's data is not
-#     downgradable anyway.
+#     again as remembered (with Kueue, Volcano, MultiKueue's planes, its fake nodes); nothing if no cluster was up
+#     before. Objects in the cluster (namespaces, the chart, jobs) are not carried over: `down` wipes etcd, and
+#     etcd's data is not downgradable anyway.
 # Prints each step's time. Exits with COMMAND's status, or 1 when a step of its own failed.
 set -euo pipefail
 # Under `make -n` (make runs a recipe line naming $(MAKE) even then): say what would run, change nothing.
@@ -61,12 +62,13 @@ reserved_by() { local pid rest; [[ -f $RESERVED ]] && read -r pid rest <"$RESERV
 if held="$(reserved_by)"; then echo "with-k8s.sh: the local cluster is reserved by $held" >&2; exit 1; fi
 
 # 1. What to put back.
-WAS_UP=0 OLD_STAMP="" KUEUE=0 VOLCANO=0 FAKE=0 GPUS="" FAKE_GPUS=""
+WAS_UP=0 OLD_STAMP="" KUEUE=0 VOLCANO=0 MULTIKUEUE=0 FAKE=0 GPUS="" FAKE_GPUS=""
 if [[ -f $STATE/cluster.stamp ]]; then
   WAS_UP=1; OLD_STAMP="$(cat "$STATE/cluster.stamp")"
   if kubectl_ get --raw /readyz >/dev/null 2>&1; then
     kubectl_ -n kueue-system get deployment kueue-controller-manager >/dev/null 2>&1 && KUEUE=1
     kubectl_ -n volcano-system get deployment volcano-scheduler >/dev/null 2>&1 && VOLCANO=1
+    [[ ! -f $STATE/multikueue/stamp ]] || MULTIKUEUE=1  # `local-cluster.sh multikueue`'s planes, where it has them
     FAKE="$(kubectl_ get nodes -o name 2>/dev/null | sed -n 's|^node/kwok-node-\([0-9]\+\)$|\1|p' | sort -n | tail -1)"
     FAKE=$((${FAKE:--1} + 1))
     GPUS="$(kubectl_ get node kubetf-node -o jsonpath='{.status.capacity.nvidia\.com/gpu}' 2>/dev/null || true)"
@@ -90,7 +92,8 @@ if ((WAS_UP)); then
   [[ -z $GPUS ]] || OLD_ENV+=(KUBETF_FAKE_GPUS="$GPUS")
   [[ -z $FAKE_GPUS ]] || OLD_ENV+=(KUBETF_FAKE_NODE_GPUS="$FAKE_GPUS")
   log "to put back afterwards: $OLD_STAMP; Kueue $( ((KUEUE)) && echo yes || echo no), Volcano" \
-    "$( ((VOLCANO)) && echo yes || echo no), $FAKE fake nodes${GPUS:+, $GPUS GPUs on the node}"
+    "$( ((VOLCANO)) && echo yes || echo no), MultiKueue's planes $( ((MULTIKUEUE)) && echo yes || echo no)," \
+    "$FAKE fake nodes${GPUS:+, $GPUS GPUs on the node}"
 else
   log "no local cluster was up: none is left up afterwards"
 fi
@@ -118,6 +121,9 @@ restore() {
     step "up as before: $(field k8s "$OLD_STAMP")$( ((KUEUE)) && echo ", Kueue")$( ((FAKE)) && echo ", $FAKE fake nodes")" \
       setsid -w env "${OLD_ENV[@]}" "$SCRIPT" "${args[@]}" >/dev/null || failed
     if ((VOLCANO)); then step "Volcano as before" setsid -w env "${OLD_ENV[@]}" "$SCRIPT" volcano || failed; fi
+    if ((MULTIKUEUE)); then
+      step "MultiKueue's planes as before" setsid -w env "${OLD_ENV[@]}" "$SCRIPT" multikueue >/dev/null || failed
+    fi
   fi
   echo "::: with-k8s.sh: Kubernetes $VERSION (kubelet and kube-proxy $KUBELET), total $((SECONDS - T0))s"
   printf '  %s\n' "${TIMES[@]}"
