@@ -75,6 +75,25 @@ class KubeCluster:
                 pytrace=False,
             )
 
+    def install_multikueue(self) -> dict[str, str]:
+        """MultiKueue's two more control planes beside the local cluster, which is worker1 (`local-cluster.sh
+        multikueue`: idempotent, seconds when they run): their kubeconfigs by name ("manager", "worker2"). Only on
+        the local cluster: elsewhere a test that needs them fails, saying so."""
+        if not (self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve()):
+            pytest.fail(
+                "MultiKueue's test clusters run beside the local cluster only (tests/cluster/README.md)", pytrace=False
+            )
+        lines = _run_script("multikueue")
+        found = {}
+        for line in _run_script("env"):
+            for plane in ("manager", "worker2"):
+                prefix = f"export KUBETF_{plane.upper()}_KUBECONFIG="
+                if line.startswith(prefix):
+                    found[plane] = line[len(prefix) :].strip().strip("'\"")
+        if set(found) != {"manager", "worker2"}:
+            pytest.fail("local-cluster.sh env names no MultiKueue kubeconfigs:\n" + "".join(lines[-30:]), pytrace=False)
+        return found
+
 
 def wait_for(predicate: Any, timeout: float = 15.0, what: Any = "condition", interval: float | None = None) -> Any:
     """Poll until `predicate()` is truthy and return it; fail the test with the last value seen. `what` may be a
