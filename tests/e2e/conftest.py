@@ -121,6 +121,50 @@ def install_chart(e2e_cluster: Cluster) -> None:
          *CHART_VALUES)  # fmt: skip
 
 
+@pytest.fixture(scope="session")
+def volcano(kube_cluster, installed, request) -> Cluster:
+    """Volcano in the cluster, installed once per run when missing (on the local cluster: built on first use; `make
+    test` installs it beside the unit tier) and left installed, as a shared cluster has it; and the installed
+    operator sees it."""
+    with once(request.config, "volcano") as first:
+        if first:
+            kube_cluster.install_volcano()
+            operator_sees_volcano(installed)
+    return installed
+
+
+def operator_sees_volcano(cluster: Cluster) -> None:
+    """Wait until the operator takes a job asking for Volcano: it reads the cluster's APIs (discovery) every 30 s
+    at most, and an operator that read them before Volcano was installed refuses such a job until it reads them
+    again. A suspended job of one worker (no pods) is asked, a new one after each refusal."""
+    name = f"e2e-volcano-{uuid.uuid4().hex[:6]}"
+    cluster.core.create_namespace({"metadata": {"name": name}})
+    spec = {
+        "strategy": "MultiWorkerMirrored",
+        "replicaSpecs": {"worker": {"replicas": 1, "template": {"spec": {"containers": [
+            {"name": "tensorflow", "image": "kubetf/python-base:bookworm", "command": ["true"]}]}}}},
+        "runPolicy": {"suspend": True, "schedulingPolicy": {"gangScheduler": "Volcano"}},
+    }  # fmt: skip
+    asked = [0]
+
+    def accepted() -> bool:
+        job = f"probe-{asked[0]}"
+        status = cluster.status(name, job) if asked[0] else {"phase": "Failed"}
+        if (status.get("gang") or {}).get("scheduler") == "Volcano":
+            return True
+        if status.get("phase") == "Failed":  # refused (GangSchedulerUnavailable): ask again
+            asked[0] += 1
+            cluster.create_job(name, f"probe-{asked[0]}", spec)
+        return False
+
+    start = time.monotonic()
+    try:
+        wait_for(accepted, 120, "the operator to take a job asking for Volcano", interval=1)
+    finally:
+        delete_namespace(cluster, name)
+    print(f"the operator took a Volcano job after {elapsed(start)} ({asked[0]} asked)")
+
+
 @pytest.fixture
 def namespace(installed):
     name = f"e2e-{uuid.uuid4().hex[:6]}"
