@@ -117,8 +117,22 @@ def install_chart(e2e_cluster: Cluster) -> None:
     # As `make install` does: helm never upgrades a CRD it finds (the integration tier may have put an older one
     # there), so the CRD goes first, applied server-side over whoever wrote it before.
     run(tool("kubectl"), "apply", "--server-side", "--force-conflicts", "-f", "manifests/crd/")
+    image = operator_image_id()
+    rolls = ("--set-string", f"podAnnotations.kubetf\\.io/image-id={image}") if image else ()
     helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m",
-         *CHART_VALUES)  # fmt: skip
+         *CHART_VALUES, *rolls)  # fmt: skip
+
+
+def operator_image_id() -> str | None:
+    """The id of the operator image `make images` built, as a pod annotation: an image rebuilt under the same tag then
+    rolls the installed operator (on a cluster kept from an earlier run, the chart's Deployment was unchanged and its
+    pods went on running the previous code). None without docker (the images come from elsewhere)."""
+    docker = shutil.which("docker")
+    version = yaml.safe_load((ROOT / "helm" / "kubetf" / "Chart.yaml").read_text())["appVersion"]
+    if docker is None:
+        return None
+    found = run(docker, "image", "inspect", "-f", "{{.Id}}", f"kubetf/operator:{version}", check=False)
+    return (found.stdout.strip() or None) if found.returncode == 0 else None
 
 
 @pytest.fixture(scope="session")
