@@ -243,8 +243,7 @@ def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Wai
     status["gang"] = record
     since = st.parse_time(record["waitingSince"]) or now
     unbound = [v for v in training if not (v.pod is not None and (v.pod.get("spec") or {}).get("nodeName"))]
-    pending = next((why for v in unbound if v.pod is not None and (why := st.pending_reason(v.pod))), None)
-    words = "; ".join(w for w in (pending, gang.scheduler_words(seen.pod_groups, name)) if w)
+    words = gang.waiting_words([v.pod for v in unbound if v.pod is not None], seen.pod_groups, name)
     message = (
         f"waiting for {gang.min_available(job)} training pods to be placed together by {d.gang} (PodGroup {name}) "
         f"since {record['waitingSince']}: {len(unbound)} not placed yet"
