@@ -299,7 +299,8 @@ def ended(events: list[PodEvent]) -> dict[str, PodEvent]:
 
 def partial_starts(events: list[PodEvent], capacity: int, gang_size: dict[str, int]) -> list[str]:
     """Every binding that started a gang partially: a pod bound while the rest of its gang (its PodGroup's members
-    not bound yet, up to the job's gang size) no longer fitted beside the pods then holding the node's GPUs. Replayed
+    not bound yet, up to the job's gang size) no longer fitted beside the pods then holding the node's GPUs (and any
+    binding beyond the node's GPUs: the scheduler did not count the fake node's nvidia.com/gpu). Replayed
     from the watch in order: a scheduler binds only after it saw the GPUs it counts on freed, so a correct gang
     placement never shows here, and a pod bound ahead of a gang that cannot follow always does."""
     holding: dict[str, PodEvent] = {}  # uid -> latest event, of pods bound and not ended
@@ -321,13 +322,26 @@ def partial_starts(events: list[PodEvent], capacity: int, gang_size: dict[str, i
         unseen = max(0, gang_size.get(event.job, 1) - len(placed[group]) - len(waiting))
         missing = sum(e.gpus for e in waiting) + unseen * event.gpus
         free = capacity - sum(e.gpus for e in holding.values())
-        if missing > free:
+        if free < 0:
+            found.append(f"{event.name} bound (event {event.seq}) beyond the node's {capacity} GPUs: {sorted(holding)}")
+        elif missing > free:
             held = sorted(e.name for e in holding.values())
             found.append(
                 f"{event.name} bound (event {event.seq}) with {missing} GPUs of its gang {group} still to place and "
                 f"{free} free; holding the node: {held}"
             )
     return found
+
+
+def all_bound(timeline: Timeline, counts: dict[str, int], attempt: int | None = None) -> list[PodEvent]:
+    """The record once it holds the binding of `counts[job]` pods of each job (of that attempt): the watch delivers
+    what a list already shows a moment later, and the checks over the window need it whole."""
+
+    def holds(events: list[PodEvent]) -> bool:
+        binds = [e for e in bound(events).values() if attempt is None or e.attempt == attempt]
+        return all(sum(1 for e in binds if e.job == job) >= count for job, count in counts.items())
+
+    return timeline.wait(lambda events: holds(events) and events, f"the watch to show {counts} pods bound")
 
 
 def placement(events: list[PodEvent], job: str) -> tuple[float, float, float]:
@@ -357,7 +371,7 @@ def test_two_gangs_that_each_need_more_than_half_the_gpus_never_start_partially(
         for name in names:
             installed.wait_phase(space, name, "Succeeded", timeout=120)
         done = time.monotonic()
-        events = timeline.events()
+        events = all_bound(timeline, dict.fromkeys(names, need))  # all of each job's pods were bound
         jobs = sorted(names, key=lambda n: placement(events, n)[1])
         first, second = jobs
         first_placed = placement(events, first)[2]
@@ -372,10 +386,9 @@ def test_two_gangs_that_each_need_more_than_half_the_gpus_never_start_partially(
             f"pod was bound, with {len(still)} of {first}'s pods still ending; both Succeeded "
             f"{done - submitted:.1f}s after the submit"
         )
-        for name in names:
-            assert sum(1 for e in binds.values() if e.job == name) == need, f"{name}: not all its pods were bound"
     events = timeline.stop()
     print(f"{scheduler}: {ROUNDS} rounds in {time.monotonic() - started:.0f}s")
+    assert {e.node for e in bound(events).values()} == {node}  # the scheduler honoured the taints and selectors
     assert partial_starts(events, gpus, {f"r{i}-{x}": need for i in range(ROUNDS) for x in "ab"}) == []
     # the waiting gang never held a GPU while the other ran: its first pod bound only once the other's were ending
     binds, ends = bound(events), ended(events)
@@ -418,13 +431,13 @@ def test_a_multi_worker_mirrored_group_restart_is_a_new_gang_placed_whole(instal
         assert group_condition(groups["mwms-gang-1"], "PodGroupInitiallyScheduled").get("status") == "True"
     else:
         assert groups["mwms-gang-1"]["spec"]["minMember"] == need
-    events = timeline.events()
+    events = all_bound(timeline, {"mwms": need}, attempt=1)
     new = [e for e in bound(events).values() if e.attempt == 1]
     print(
         f"{scheduler}: worker failed -> new gang mwms-gang-1 placed whole {placed - failed:.1f}s later (its pods bound "
         f"within {max(e.at for e in new) - min(e.at for e in new):.2f}s)"
     )
-    assert len(new) == need
+    assert len(new) == need and {e.node for e in bound(events).values()} == {node}
     assert partial_starts(events, gpus, {"mwms": need}) == []
     old_ended = max(e.seq for e in ended(events).values() if e.attempt == 0)
     assert min(e.seq for e in new) > old_ended, "a new pod was bound before every old one had stopped"
@@ -460,9 +473,11 @@ def test_a_parameter_server_workers_replacement_joins_the_running_gang(installed
     assert status["restarts"]["failures"] == 1
     assert status["gang"]["podGroup"] == "ps-gang-0"
     assert set(pod_groups(installed, space, scheduler)) == {"ps-gang-0"}
-    events = timeline.events()
-    created = next(e for e in events if e.uid == replacement["metadata"]["uid"] and e.type == "ADDED")
-    joined = bound(events)[replacement["metadata"]["uid"]]
+    uid = replacement["metadata"]["uid"]
+    joined = timeline.wait(lambda events: bound(events).get(uid), "the watch to show the replacement bound")
+    created = next(e for e in timeline.events() if e.uid == uid and e.type == "ADDED")
+    assert joined.node == node
+    said.wait(lambda events: any(e.phase == "Running" for e in events), "the watch to show the job Running again")
     reasons = [r for r in dict.fromkeys(e.reason for e in said.stop()) if r]
     print(
         f"{scheduler}: ps-worker-1's replacement joined ps-gang-0, bound {joined.at - created.at:.2f}s after it was "
@@ -530,10 +545,11 @@ def test_a_gang_that_cannot_fit_says_why_and_honours_its_schedule_timeout(instal
     installed.core.patch_node_status(node, {"status": {"capacity": room, "allocatable": room}})
     live(installed, space, "waits", need)
     installed.wait_phase(space, "waits", "Running", timeout=60)
+    all_bound(timeline, {"waits": need})
     events = timeline.stop()
     print(f"{scheduler}: waits placed whole {time.monotonic() - grown:.1f}s after the node grew to {need + 1} GPUs")
     assert partial_starts(events, need + 1, {"waits": need}) == []
-    assert {e.job for e in bound(events).values()} == {"waits"}
+    assert {(e.job, e.node) for e in bound(events).values()} == {("waits", node)}
 
 
 def says_why_once(message: str, words: list[str]) -> None:
@@ -611,9 +627,10 @@ def test_a_converted_tfjob_with_a_volcano_scheduling_policy_runs_gang_scheduled(
     assert spec["minMember"] == need and spec["queue"] == "default"
     assert spec["minResources"] == {api.GPU_RESOURCE: str(need)}
     installed.wait_phase(space, "mnist-volcano", "Succeeded", timeout=120)
+    all_bound(timeline, {"mnist-volcano": need})
     events = timeline.stop()
     binds = bound(events)
-    assert len(binds) == need
+    assert len(binds) == need and {e.node for e in binds.values()} == {node}
     assert {e.group for e in binds.values()} == {"mnist-volcano-gang-0"}  # scheduling.k8s.io/group-name
     assert partial_starts(events, gpus, {"mnist-volcano": need}) == []
     times = [e.at for e in binds.values()]
