@@ -426,11 +426,16 @@ def test_a_multi_worker_mirrored_group_restart_is_a_new_gang_placed_whole(instal
         30, "the old generation's PodGroup mwms-gang-0 deleted",
     )  # fmt: skip
     assert set(groups) == {"mwms-gang-1"}
-    if scheduler == gang.KUBERNETES:
+    if scheduler == gang.KUBERNETES:  # placed as a gang of 3, and the scheduler says so on the new PodGroup
         assert groups["mwms-gang-1"]["spec"]["schedulingPolicy"]["gang"]["minCount"] == need
-        assert group_condition(groups["mwms-gang-1"], "PodGroupInitiallyScheduled").get("status") == "True"
+        scheduled = "PodGroupInitiallyScheduled"
     else:
         assert groups["mwms-gang-1"]["spec"]["minMember"] == need
+        scheduled = "Scheduled"
+    wait_for(
+        lambda: group_condition(pod_groups(installed, space, scheduler)["mwms-gang-1"], scheduled).get("status")
+        == "True", 30, f"mwms-gang-1 {scheduled}",
+    )  # fmt: skip
     events = all_bound(timeline, {"mwms": need}, attempt=1)
     new = [e for e in bound(events).values() if e.attempt == 1]
     print(
