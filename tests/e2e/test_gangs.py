@@ -360,8 +360,9 @@ def test_two_gangs_that_each_need_more_than_half_the_gpus_never_start_partially(
     for the other forever); once the first ends, the second is placed whole; both succeed."""
     gpus, need = 4, 3
     node = nodes(f"e2e-gang-rounds-{SHORT[scheduler]}", gpus)
-    timeline = Timeline(installed, space)
+    timeline, said = Timeline(installed, space), Conditions(installed, space)
     started = time.monotonic()
+    firsts = []
     print(f"{scheduler}: {ROUNDS} rounds of two {need}-GPU gangs submitted together on {gpus} GPUs")
     for i in range(ROUNDS):
         names = [f"r{i}-a", f"r{i}-b"] if i % 2 == 0 else [f"r{i}-b", f"r{i}-a"]  # either one submitted first
@@ -374,6 +375,7 @@ def test_two_gangs_that_each_need_more_than_half_the_gpus_never_start_partially(
         events = all_bound(timeline, dict.fromkeys(names, need))  # all of each job's pods were bound
         jobs = sorted(names, key=lambda n: placement(events, n)[1])
         first, second = jobs
+        firsts.append(first)
         first_placed = placement(events, first)[2]
         second_created, second_bound, second_placed = placement(events, second)
         binds, ends = bound(events), ended(events)
@@ -388,6 +390,13 @@ def test_two_gangs_that_each_need_more_than_half_the_gpus_never_start_partially(
         )
     events = timeline.stop()
     print(f"{scheduler}: {ROUNDS} rounds in {time.monotonic() - started:.0f}s")
+    said.wait(lambda jobs: {j.name for j in jobs if j.phase == "Succeeded"} >= {f"r{i}-{x}" for i in range(ROUNDS)
+              for x in "ab"}, "the watch to show every job Succeeded")  # fmt: skip
+    waited = {j.name: j.message for j in said.stop() if j.reason == "GangWaiting"}
+    example = next(iter(waited.items()), None)
+    print(f"{scheduler}: {len(waited)} of the {ROUNDS} second gangs said GangWaiting, e.g. {example}")
+    # a gang placed at once is the usual start: it says PodsStarting as any other, never that it waits
+    assert not set(firsts) & set(waited), {name: waited[name] for name in set(firsts) & set(waited)}
     assert {e.node for e in bound(events).values()} == {node}  # the scheduler honoured the taints and selectors
     assert partial_starts(events, gpus, {f"r{i}-{x}": need for i in range(ROUNDS) for x in "ab"}) == []
     # the waiting gang never held a GPU while the other ran: its first pod bound only once the other's were ending

@@ -253,6 +253,24 @@ def test_pods_that_would_fit_are_no_reason_to_say_a_gang_waits_before_the_grace(
     assert sim.status["reason"] == "PodsStarting"
 
 
+def test_volcanos_not_ready_without_a_pod_that_finds_no_room_waits_out_the_grace_before_it_is_said():
+    """Volcano's first sessions of a gang it places a moment later may say `Unschedulable` on its PodGroup with no
+    task's own reason (seen on the 1.37 cluster under load): not a why; said once the scheduling grace is over."""
+    sim = cluster(mwms(gangScheduler="Volcano"), volcano=True)
+    sim.step()
+    not_ready = "pod group is not ready, 4 Pending, 4 minAvailable; Pending: 4 Unschedulable"
+    for name in ("mnist-chief-0", "mnist-worker-0", "mnist-worker-1", "mnist-worker-2"):
+        unschedulable(sim, name, "Unschedulable", not_ready)
+    group_says(sim, "mnist-gang-0", {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources",
+                                     "message": f"4/4 tasks in gang unschedulable: {not_ready}"})  # fmt: skip
+    plan = sim.step()
+    assert sim.status["reason"] == "PodsStarting" and plan.requeue_at == pytest.approx(sim.now + 30)
+    sim.step(advance=30)
+    assert sim.status["reason"] == "GangWaiting"
+    assert sim.condition()["message"].endswith(f"the scheduler: NotEnoughResources: 4/4 tasks in gang unschedulable: "
+                                               f"{not_ready}")  # fmt: skip
+
+
 @pytest.mark.parametrize("on_timeout,phase,reason", [("Fail", "Failed", "GangScheduleTimeout"),
                                                      ("Wait", "Pending", "GangScheduleTimeout")])  # fmt: skip
 def test_a_gang_not_placed_within_its_schedule_timeout_fails_or_waits_on_saying_so(on_timeout, phase, reason):
