@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -60,6 +60,14 @@ def nodes(installed) -> Iterator[Callable[[str, int], str]]:
 
     yield make
     kwok.delete_dedicated_nodes(installed.kubeconfig, *made)
+
+
+@pytest.fixture(autouse=True)
+def watches_end() -> Iterator[None]:
+    """The watches a test opened end with it, passed or not."""
+    yield
+    while Recorder.open:
+        Recorder.open[-1].close()
 
 
 @pytest.fixture
@@ -185,6 +193,8 @@ class Recorder:
     left off when the API server ends it). A negative check ("no pod was bound before ...") is made over this whole
     record, never over samples; `events` fails the test when the watch broke, as events may then be missing."""
 
+    open: ClassVar[list[Recorder]] = []  # the watches not stopped yet (`watches_end` closes them)
+
     def __init__(self, list_call: Callable[..., Any]) -> None:
         self.list_call = list_call
         self.recorded: list[Any] = []
@@ -193,6 +203,7 @@ class Recorder:
         self.response: Any = None
         version = json.loads(list_call(_preload_content=False).data)["metadata"]["resourceVersion"]
         threading.Thread(target=self._record, args=(version,), daemon=True).start()
+        Recorder.open.append(self)
 
     def _record(self, version: str) -> None:
         try:
@@ -227,10 +238,15 @@ class Recorder:
 
     def stop(self) -> list[Any]:
         events = self.events()
+        self.close()
+        return events
+
+    def close(self) -> None:
         self.stopping.set()
         if self.response is not None:
             self.response.shutdown()  # unblocks the read in the recording thread, which then ends
-        return events
+        if self in Recorder.open:
+            Recorder.open.remove(self)
 
 
 class Timeline(Recorder):
