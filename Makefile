@@ -109,22 +109,23 @@ stage = start=$$SECONDS; cpu=$$($(cpu_jiffies)); $(2) || exit $$?; took=$$((SECO
 
 test: venv tools ## every test tier, each stage timed, then one table (tiers, stages, slowest tests)
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
-	@$(call stage,unit (lint and Kueue beside),$(MAKE) --no-print-directory test-unit-beside-lint-kueue)
+	@$(call stage,unit (lint + Kueue + Volcano beside),$(MAKE) --no-print-directory test-unit-beside-lint-kueue)
 	@$(call stage,integration (parallel),$(integration_parallel))
 	@$(call stage,images,$(MAKE) --no-print-directory images)
 	@$(call stage,e2e (parallel),$(e2e_parallel))
 	@$(call stage,trainer beside the cluster tests that run alone,$(MAKE) --no-print-directory test-trainer-beside-alone)
 	@$(PY) -m tests.summary $(RESULTS)
 
-# Lint and the Kueue install (the integration tier's first Kueue test waited ~35 s for it) run beside the unit tier,
-# which leaves a third of the cores idle; their output goes to files, shown when all three are done. Ctrl-C stops all.
+# Lint and the Kueue and Volcano installs (the integration tier's first Kueue test waited ~35 s for Kueue; the e2e
+# gang tests need Volcano) run beside the unit tier, which leaves a third of the cores idle; their output goes to
+# files, shown when all three are done. Ctrl-C stops all.
 test-unit-beside-lint-kueue: venv tools
 	@set +e; $(MAKE) --no-print-directory lint > $(RESULTS)/lint.log 2>&1 & lint=$$!; \
-	$(MAKE) --no-print-directory kueue > $(RESULTS)/kueue.log 2>&1 & kueue=$$!; \
+	$(MAKE) --no-print-directory kueue volcano > $(RESULTS)/kueue.log 2>&1 & kueue=$$!; \
 	trap 'kill -INT $$lint $$kueue 2>/dev/null; wait; exit 130' INT TERM; \
 	$(MAKE) --no-print-directory test-unit; unit=$$?; \
 	wait $$lint; linted=$$?; echo "::: lint, run beside:"; cat $(RESULTS)/lint.log; \
-	wait $$kueue; installed=$$?; echo "::: Kueue, installed beside:"; tail -n 20 $(RESULTS)/kueue.log; \
+	wait $$kueue; installed=$$?; echo "::: Kueue and Volcano, installed beside:"; tail -n 20 $(RESULTS)/kueue.log; \
 	[ $$unit = 0 ] && [ $$linted = 0 ] && [ $$installed = 0 ]
 
 # The trainer tier needs no cluster, so it runs beside the cluster tests that must run alone (they mostly wait, it
@@ -142,7 +143,7 @@ test-trainer-beside-alone: venv tools
 
 test-quick: venv tools ## the edit-test loop: lint, unit and the integration tests that run in parallel (minutes)
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
-	@$(call stage,unit (lint and Kueue beside),$(MAKE) --no-print-directory test-unit-beside-lint-kueue)
+	@$(call stage,unit (lint + Kueue + Volcano beside),$(MAKE) --no-print-directory test-unit-beside-lint-kueue)
 	@$(call stage,integration (parallel),$(integration_parallel))
 	@$(PY) -m tests.summary $(RESULTS)
 
@@ -184,6 +185,11 @@ cluster-down: ## stop the local cluster and clean up after it
 kueue: cluster ## Kueue in kueue-system, idempotent (local cluster: built here once, ~5 min; kind: kind.sh kueue)
 	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) kueue; \
 	else echo "not the local cluster: install Kueue on $(TARGET_KUBECONFIG) yourself (kind: tests/cluster/kind.sh kueue)"; fi
+
+.PHONY: volcano
+volcano: cluster ## Volcano's scheduler in volcano-system, idempotent (local cluster: built here once, ~4 min)
+	@if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) volcano; \
+	else echo "not the local cluster: install Volcano on $(TARGET_KUBECONFIG) yourself (its scheduler named volcano)"; fi
 
 images: ## build the operator and trainer images FROM the local base; load them into the local cluster
 	$(CLUSTER) images

@@ -94,6 +94,24 @@ class KubeCluster:
             pytest.fail("local-cluster.sh env names no MultiKueue kubeconfigs:\n" + "".join(lines[-30:]), pytrace=False)
         return found
 
+    def install_volcano(self) -> None:
+        """Make sure Volcano's scheduler and queue-controller run (idempotent; ~2 s when they already do).
+
+        On the local cluster this is `local-cluster.sh volcano` (built on first use, ~4 min cold). On another cluster
+        Volcano must already be installed, its scheduler named `volcano`: the test fails otherwise.
+        """
+        if self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve():
+            _run_script("volcano")
+            return
+        rollout = ("-n", "volcano-system", "rollout", "status", "deployment/volcano-scheduler", "--timeout=5s")
+        result = self.kubectl(*rollout, check=False)
+        if result.returncode != 0:
+            pytest.fail(
+                f"Volcano's scheduler does not run in volcano-system on the cluster of KUBECONFIG={self.kubeconfig} "
+                f"(install Volcano there, its scheduler named volcano):\n{result.stderr}",
+                pytrace=False,
+            )
+
 
 def wait_for(predicate: Any, timeout: float = 15.0, what: Any = "condition", interval: float | None = None) -> Any:
     """Poll until `predicate()` is truthy and return it; fail the test with the last value seen. `what` may be a

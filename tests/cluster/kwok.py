@@ -5,6 +5,10 @@ without containers. It carries the label, annotation and NoSchedule taint `kwok.
 pods that tolerate the taint land there; `on_fake_nodes(pod_spec)` makes a pod spec do that (and select them).
 kwok runs such a pod at once (phase Running, Ready, a pod IP from 10.160.0.0/12); it ends it when asked through
 the annotations below (or when a test patches the pod's status itself, as tests/integration/conftest.py `exit`).
+
+A *dedicated* fake node (`ensure_dedicated_node`) is one test's own: a fake node of a chosen name and GPU count that
+also carries the label and NoSchedule taint `kwok.kubetf.io/dedicated=<its name>`, so that only the pods
+`on_dedicated_node` made land there, never other tests' pods on fake nodes (whose GPUs it would count otherwise).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ FAKE_POD_NETWORK = "10.160.0.0/12"
 # Failed otherwise), after the Go duration in EXIT_AFTER ("30s"; counted from when kwok saw it Running).
 EXIT_CODE = "kwok.kubetf.io/exit-code"
 EXIT_AFTER = "kwok.kubetf.io/exit-after"
+DEDICATED_KEY = "kwok.kubetf.io/dedicated"  # a dedicated node's label and taint; the value is the node's name
 
 
 def on_fake_nodes(pod_spec: dict[str, Any]) -> dict[str, Any]:
@@ -37,6 +42,15 @@ def on_fake_nodes(pod_spec: dict[str, Any]) -> dict[str, Any]:
     tolerations = spec.setdefault("tolerations", [])
     if FAKE_NODE_TOLERATION not in tolerations:
         tolerations.append(dict(FAKE_NODE_TOLERATION))
+    return spec
+
+
+def on_dedicated_node(pod_spec: dict[str, Any], node: str) -> dict[str, Any]:
+    """A copy of `pod_spec` that tolerates the dedicated fake node `node` (and the fake nodes' taint) and selects it
+    alone."""
+    spec = on_fake_nodes(pod_spec)
+    spec["nodeSelector"][DEDICATED_KEY] = node
+    spec["tolerations"].append({"key": DEDICATED_KEY, "operator": "Equal", "value": node, "effect": "NoSchedule"})
     return spec
 
 
@@ -98,3 +112,29 @@ def stop_fake_node(kubeconfig: str, *nodes: str) -> None:
 def start_fake_node(kubeconfig: str, *nodes: str) -> None:
     """kwok manages the node again: Ready within seconds; pods left Terminating on it are then deleted."""
     _script(kubeconfig, "fake-node-start", *nodes, timeout=120)
+
+
+def ensure_dedicated_node(kubeconfig: str, core: Any, name: str, gpus: int) -> str:
+    """The dedicated fake node `name` advertising `gpus` nvidia.com/gpu, Ready (made, or made anew when it has another
+    size; kwok built and started on first use). Another cluster must have it already."""
+    if not is_local(kubeconfig):
+        node = next(iter(core.list_node(field_selector=f"metadata.name={name}").items), None)
+        labels = (node.metadata.labels or {}) if node else {}
+        if labels.get(DEDICATED_KEY) != name or (node.status.allocatable or {}).get("nvidia.com/gpu") != str(gpus):
+            raise RuntimeError(
+                f"KUBECONFIG={kubeconfig} is not the local cluster: add the fake node {name} yourself (kwok), with "
+                f"{gpus} nvidia.com/gpu, the fake nodes' label, annotation and taint {FAKE_NODE_KEY}=fake, and the "
+                f"label and NoSchedule taint {DEDICATED_KEY}={name} (tests/cluster/local-cluster.sh dedicated-node)"
+            )
+        return name
+    _script(kubeconfig, "dedicated-node", name, str(gpus), timeout=1800)  # cold: builds kwok (minutes), then ~1 s
+    if name not in ready_fake_nodes(core):
+        raise RuntimeError(f"dedicated fake node {name} not Ready")
+    return name
+
+
+def delete_dedicated_nodes(kubeconfig: str, *nodes: str) -> None:
+    """Delete dedicated fake nodes (pods still bound there are force-deleted first: nobody would confirm them); on
+    another cluster they are left as they were found."""
+    if nodes and is_local(kubeconfig):
+        _script(kubeconfig, "dedicated-node-delete", *nodes, timeout=300)

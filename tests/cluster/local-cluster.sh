@@ -19,6 +19,10 @@
 #                              renewals, node or pod updates); the node lifecycle controller then marks it NotReady
 #   local-cluster.sh fake-node-start NAME...  kwok manages the node again (Ready in a few seconds)
 #   local-cluster.sh fake-nodes-delete   delete every fake node (their pods are then garbage-collected) and stop kwok
+#   local-cluster.sh dedicated-node NAME GPUS   ensure a fake node NAME advertising GPUS nvidia.com/gpu, Ready, that
+#                              only pods meant for it reach: besides the fake nodes' taint and label it carries the
+#                              taint kwok.kubetf.io/dedicated=NAME:NoSchedule and that label (a test's own node)
+#   local-cluster.sh dedicated-node-delete NAME...   delete such nodes (pods still bound there are deleted with them)
 #   local-cluster.sh kueue     install Kueue (version: tests/cluster/kueue/kustomization.yaml) in kueue-system
 #                              from its module's config/ (builds and caches it first); idempotent; returns once the
 #                              controller is Ready and its pod and ResourceFlavor webhooks answer
@@ -115,6 +119,7 @@ FAKE_NODE_GPUS="${KUBETF_FAKE_NODE_GPUS:-8}"
 FAKE_NODE_PODS=1000
 FAKE_POD_CIDR=10.160.0.1/12   # pod IPs kwok hands out: 1M addresses, clear of pods, services and the host
 FAKE_MANAGED=kwok.kubetf.io/managed   # label kwok selects on the server too: "false" = the node is lost (stopped)
+DEDICATED_KEY=kwok.kubetf.io/dedicated   # a dedicated fake node's own label and taint (value: its name)
 
 K8S_BIN="$CACHE/k8s-$K8S_VERSION/bin"
 KUBELET_BIN="$CACHE/k8s-$KUBELET_VERSION/bin/kubelet"
@@ -841,7 +846,11 @@ start_kwok() {
     --cidr="$FAKE_POD_CIDR" --node-lease-duration-seconds=40 --v="${KUBETF_KWOK_LOG_LEVEL:-WARN}"
 }
 fake_node_manifests() {  # fake_node_manifests NAME...: Node objects with their capacity in status (kwok makes them Ready)
-  local n
+  local n taints="{key: \"$FAKE_NODE_KEY\", value: fake, effect: NoSchedule}" labels=""
+  if [[ -n ${DEDICATED:-} ]]; then  # ensure_dedicated_node's: one node, its own taint and label
+    taints+=", {key: \"$DEDICATED_KEY\", value: \"$DEDICATED\", effect: NoSchedule}"
+    labels=", \"$DEDICATED_KEY\": \"$DEDICATED\""
+  fi
   for n in "$@"; do
     cat <<EOF
 ---
@@ -851,9 +860,9 @@ metadata:
   name: $n
   annotations: {"$FAKE_NODE_KEY": fake, node.alpha.kubernetes.io/ttl: "0"}
   labels: {"$FAKE_NODE_KEY": fake, "$FAKE_MANAGED": "true", kubernetes.io/hostname: $n, kubernetes.io/os: linux,
-           kubernetes.io/arch: amd64, type: kwok}
+           kubernetes.io/arch: amd64, type: kwok$labels}
 spec:
-  taints: [{key: "$FAKE_NODE_KEY", value: fake, effect: NoSchedule}]
+  taints: [$taints]
 status:
   capacity: {cpu: "64", memory: 512Gi, ephemeral-storage: 1Ti, pods: "$FAKE_NODE_PODS", nvidia.com/gpu: "$FAKE_NODE_GPUS"}
   allocatable: {cpu: "64", memory: 512Gi, ephemeral-storage: 1Ti, pods: "$FAKE_NODE_PODS", nvidia.com/gpu: "$FAKE_NODE_GPUS"}
@@ -891,6 +900,43 @@ start_fake_nodes() {  # start_fake_nodes NAME...: kwok manages a stopped node ag
   [[ -z $stopped ]] && return 0
   kc label node $stopped "$FAKE_MANAGED=true" --overwrite >/dev/null
   log "fake node(s) started again: $(echo $stopped)"
+}
+ensure_dedicated_node() {  # ensure_dedicated_node NAME GPUS: a fake node only pods meant for it reach (see the header)
+  local name=$1 gpus=$2 existing
+  [[ $gpus =~ ^[0-9]+$ ]] || die "dedicated-node: not a number of GPUs: $gpus"
+  [[ $name =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]] || die "dedicated-node: not a node name: $name"
+  [[ $name != "$FAKE_NODE_PREFIX"* ]] || die "dedicated-node: $FAKE_NODE_PREFIX* are the shared fake nodes' names"
+  start_kwok
+  existing="$(kc get node "$name" --ignore-not-found \
+    -o jsonpath='{.metadata.labels.kwok\.kubetf\.io/dedicated} {.status.allocatable.nvidia\.com/gpu}')"
+  if [[ -n $existing && $existing != "$name $gpus" ]]; then  # a node of another size (or not dedicated): made anew
+    [[ $existing == "$name "* ]] || die "$name exists and is not a dedicated fake node"
+    delete_dedicated_nodes "$name"
+    existing=""
+  fi
+  if [[ -z $existing ]]; then
+    FAKE_NODE_GPUS=$gpus DEDICATED=$name fake_node_manifests "$name" | kc create -f - >/dev/null
+  fi
+  start_fake_nodes "$name"
+  wait_for 120 "fake node $name Ready" fake_nodes_ready "$name"
+  log "dedicated fake node $name Ready ($gpus GPUs, taint $DEDICATED_KEY=$name:NoSchedule)"
+}
+delete_dedicated_nodes() {  # delete_dedicated_nodes NAME...: dedicated fake nodes only; pods bound there go first
+  local n p pods
+  for n in "$@"; do
+    if [[ "$(kc get node "$n" --ignore-not-found -o jsonpath='{.metadata.labels.kwok\.kubetf\.io/dedicated}')" != "$n" ]]; then
+      kc get node "$n" >/dev/null 2>&1 && die "$n is not a dedicated fake node"
+      continue  # gone already
+    fi
+    # Force-deleted: once the node is gone kwok no longer acts for its pods, and nobody would confirm them.
+    pods="$(kc get pods -A --field-selector "spec.nodeName=$n" \
+      -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}')"
+    while read -r p; do
+      [[ -z $p ]] || kc -n "${p%%/*}" delete pod "${p#*/}" --grace-period=0 --force --ignore-not-found >/dev/null 2>&1 || true
+    done <<<"$pods"
+    kc delete node "$n" --ignore-not-found >/dev/null
+    log "deleted dedicated fake node $n"
+  done
 }
 delete_fake_nodes() {
   local nodes
@@ -1342,6 +1388,11 @@ case "${1:-}" in
     cluster_ok || die "the cluster is not up (local-cluster.sh up first)"
     lock; stage fake-nodes ensure_fake_nodes "$2" ;;
   fake-nodes-delete) cluster_ok || die "the cluster is not up"; lock; delete_fake_nodes ;;
+  dedicated-node) (($# == 3)) || die "usage: local-cluster.sh dedicated-node NAME GPUS"
+    cluster_ok || die "the cluster is not up (local-cluster.sh up first)"
+    lock; stage dedicated-node ensure_dedicated_node "$2" "$3" ;;
+  dedicated-node-delete) shift; (($#)) || die "usage: local-cluster.sh dedicated-node-delete NAME..."
+    cluster_ok || die "the cluster is not up"; lock; delete_dedicated_nodes "$@" ;;
   fake-node-stop) shift; (($#)) || die "usage: local-cluster.sh fake-node-stop NAME..."; stop_fake_nodes "$@" ;;
   fake-node-start) shift; (($#)) || die "usage: local-cluster.sh fake-node-start NAME..."
     running kwok || die "kwok is not running (local-cluster.sh fake-nodes N first)"; start_fake_nodes "$@" ;;

@@ -117,8 +117,66 @@ def install_chart(e2e_cluster: Cluster) -> None:
     # As `make install` does: helm never upgrades a CRD it finds (the integration tier may have put an older one
     # there), so the CRD goes first, applied server-side over whoever wrote it before.
     run(tool("kubectl"), "apply", "--server-side", "--force-conflicts", "-f", "manifests/crd/")
+    image = operator_image_id()
+    rolls = ("--set-string", f"podAnnotations.kubetf\\.io/image-id={image}") if image else ()
     helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m",
-         *CHART_VALUES)  # fmt: skip
+         *CHART_VALUES, *rolls)  # fmt: skip
+
+
+def operator_image_id() -> str | None:
+    """The id of the operator image `make images` built, as a pod annotation: an image rebuilt under the same tag then
+    rolls the installed operator (on a cluster kept from an earlier run, the chart's Deployment was unchanged and its
+    pods went on running the previous code). None without docker (the images come from elsewhere)."""
+    docker = shutil.which("docker")
+    version = yaml.safe_load((ROOT / "helm" / "kubetf" / "Chart.yaml").read_text())["appVersion"]
+    if docker is None:
+        return None
+    found = run(docker, "image", "inspect", "-f", "{{.Id}}", f"kubetf/operator:{version}", check=False)
+    return (found.stdout.strip() or None) if found.returncode == 0 else None
+
+
+@pytest.fixture(scope="session")
+def volcano(kube_cluster, installed, request) -> Cluster:
+    """Volcano in the cluster, installed once per run when missing (on the local cluster: built on first use; `make
+    test` installs it beside the unit tier) and left installed, as a shared cluster has it; and the installed
+    operator sees it."""
+    with once(request.config, "volcano") as first:
+        if first:
+            kube_cluster.install_volcano()
+            operator_sees_volcano(installed)
+    return installed
+
+
+def operator_sees_volcano(cluster: Cluster) -> None:
+    """Wait until the operator takes a job asking for Volcano: it reads the cluster's APIs (discovery) every 30 s
+    at most, and an operator that read them before Volcano was installed refuses such a job until it reads them
+    again. A suspended job of one worker (no pods) is asked, a new one after each refusal."""
+    name = f"e2e-volcano-{uuid.uuid4().hex[:6]}"
+    cluster.core.create_namespace({"metadata": {"name": name}})
+    spec = {
+        "strategy": "MultiWorkerMirrored",
+        "replicaSpecs": {"worker": {"replicas": 1, "template": {"spec": {"containers": [
+            {"name": "tensorflow", "image": "kubetf/python-base:bookworm", "command": ["true"]}]}}}},
+        "runPolicy": {"suspend": True, "schedulingPolicy": {"gangScheduler": "Volcano"}},
+    }  # fmt: skip
+    asked = [0]
+
+    def accepted() -> bool:
+        job = f"probe-{asked[0]}"
+        status = cluster.status(name, job) if asked[0] else {"phase": "Failed"}
+        if (status.get("gang") or {}).get("scheduler") == "Volcano":
+            return True
+        if status.get("phase") == "Failed":  # refused (GangSchedulerUnavailable): ask again
+            asked[0] += 1
+            cluster.create_job(name, f"probe-{asked[0]}", spec)
+        return False
+
+    start = time.monotonic()
+    try:
+        wait_for(accepted, 120, "the operator to take a job asking for Volcano", interval=1)
+    finally:
+        delete_namespace(cluster, name)
+    print(f"the operator took a Volcano job after {elapsed(start)} ({asked[0]} asked)")
 
 
 @pytest.fixture

@@ -292,8 +292,7 @@ def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Wai
     status["gang"] = record
     since = st.parse_time(record["waitingSince"]) or now
     unbound = [v for v in training if not (v.pod is not None and (v.pod.get("spec") or {}).get("nodeName"))]
-    pending = next((why for v in unbound if v.pod is not None and (why := st.pending_reason(v.pod))), None)
-    words = "; ".join(w for w in (pending, gang.scheduler_words(seen.pod_groups, name)) if w)
+    words, said_why = gang.waiting_words([v.pod for v in unbound if v.pod is not None], seen.pod_groups, name)
     message = (
         f"waiting for {gang.min_available(job)} training pods to be placed together by {d.gang} (PodGroup {name}) "
         f"since {record['waitingSince']}: {len(unbound)} not placed yet"
@@ -310,7 +309,7 @@ def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Wai
     if timeout:
         d.plan.wake_at(since + timeout)
     grace = since + d.config.scheduling_grace
-    if not words and now < grace:  # a gang placed within seconds is the usual start: no reason to say more
+    if not said_why and now < grace:  # a gang placed within seconds is the usual start: no reason to say more
         d.plan.wake_at(grace)
         return None
     return _Waiting("GangWaiting", message, False)

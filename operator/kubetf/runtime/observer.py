@@ -54,7 +54,7 @@ class Observer:
         workloads = self.store.workloads_of(key)
         held = self.book.held(key, job["metadata"].get("uid", "")) if job is not None else None
         wants_gang = job is not None and kueue.managed_here(job) and not (job.get("status") or {}).get("gang")
-        served = self.served(now) if wants_gang else gang.Served()
+        served = self.served(now, gang.policy(job).get("gangScheduler")) if wants_gang and job else gang.Served()
         own = self._own_workload(job, workloads, pods) if job is not None else None
         others = [w for w in workloads if own is None or w["metadata"].get("uid") != own["metadata"].get("uid")]
         return Observed(
@@ -63,12 +63,17 @@ class Observer:
             key=key,
         )  # fmt: skip
 
-    def served(self, now: float) -> gang.Served:
+    def served(self, now: float, asked: str | None = None) -> gang.Served:
         """Which gang schedulers' APIs the cluster serves (discovery, read again every `discovery_seconds`); asked
-        only for a job whose gang scheduler is not chosen yet. Raises when it could never be read."""
+        only for a job whose gang scheduler is not chosen yet. A job that names a scheduler the last reading did not
+        find has it read again first (at most once a second): one installed a moment ago is no reason to refuse
+        the job. Raises when it could never be read."""
         with self.lock:
             read_at, known = self.discovery
-        if known is None or now - read_at >= self.config.discovery_seconds:
+        missing = known is not None and (
+            (asked == gang.KUBERNETES and not known.kubernetes) or (asked == gang.VOLCANO and not known.volcano)
+        )
+        if known is None or now - read_at >= (1.0 if missing else self.config.discovery_seconds):
             try:
                 native = self.kube.served_resources(f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}") or set()
                 volcano = self.kube.served_resources(f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}") or set()
