@@ -421,13 +421,13 @@ gen_cert() {  # gen_cert NAME CN ORG SANS
     -extfile "$PKI/$n.ext" -out "$PKI/$n.crt" 2>/dev/null
   rm -f "$PKI/$n.csr" "$PKI/$n.ext"
 }
-kubeconfig() {  # kubeconfig FILE CERTNAME [SERVER]
-  local f=$1 c=$2 server=${3:-https://$NODE_IP:6443}
+kubeconfig() {  # kubeconfig FILE CERTNAME [SERVER [NAME]]   (NAME: of the cluster and the context)
+  local f=$1 c=$2 server=${3:-https://$NODE_IP:6443} name=${4:-kubetf}
   cat >"$f" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
-- name: kubetf
+- name: $name
   cluster:
     server: $server
     certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
@@ -437,9 +437,9 @@ users:
     client-certificate-data: $(base64 -w0 "$PKI/$c.crt")
     client-key-data: $(base64 -w0 "$PKI/$c.key")
 contexts:
-- name: kubetf
-  context: {cluster: kubetf, user: $c, namespace: default}
-current-context: kubetf
+- name: $name
+  context: {cluster: $name, user: $c, namespace: default}
+current-context: $name
 EOF
   chmod 600 "$f"
 }
@@ -899,18 +899,20 @@ stop_fake_nodes() {  # stop_fake_nodes NAME...: the node vanishes (see fake-node
 # answer, NO pod can be created there. Hence the order: install the webhook configurations last (once the manager
 # is Ready) and delete them first.
 kueue_render() {  # the rendered manifests on stdout
-  local tmp rc=0 id; tmp="$(mktemp -d)"
+  local tmp rc=0 id hash; tmp="$(mktemp -d)"
   cp -r "$KUEUE_DIR/config" "$tmp/config"
   cp -r "$HERE/kueue" "$tmp/config/kubetf"
   # The tag stays the same when the image is rebuilt: the image's id in the pod template rolls the pod then.
   id="$(docker image inspect -f '{{.Id}}' "$KUEUE_IMAGE" 2>/dev/null || true)"
   mkdir -p "$tmp/config/run"
+  # Kueue reads its Configuration once, at start: the file's hash on the pod template restarts it on a change.
+  hash="$(sha256sum "$HERE/kueue/controller_manager_config.yaml" | cut -c1-16)"
   cat >"$tmp/config/run/kustomization.yaml" <<EOF
 resources: [../kubetf]
 patches:
 - patch: |-
     {apiVersion: apps/v1, kind: Deployment, metadata: {name: kueue-controller-manager, namespace: $KUEUE_NS},
-     spec: {template: {metadata: {annotations: {kubetf.io/image-id: "${id:-none}"}}}}}
+     spec: {template: {metadata: {annotations: {kubetf.io/image-id: "${id:-none}", kubetf.io/config-hash: "$hash"}}}}}
 EOF
   kc kustomize "$tmp/config/run" || rc=$?
   rm -rf "$tmp"
@@ -927,23 +929,42 @@ for suffix, keep in ((".front", lambda d: not back.search(d)), (".back", lambda 
         out.write("---\n".join(d.strip("\n") + "\n" for d in docs if keep(d)))
 PY
 }
-kueue_pod_probe() {  # a server-side dry run of a queued pod: Kueue's mutating webhook must add its scheduling gate
-  kc create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<EOF | grep -w kueue.x-k8s.io/admission >/dev/null
+# The probes run the kubectl they are given (kc: this cluster; mkc PLANE: a MultiKueue control plane).
+kueue_job_probe() {  # a server-side dry run of a queued batch Job: Kueue's mutating webhook must suspend it
+  # (the pod integration is off, see kueue/controller_manager_config.yaml: a queued pod proves nothing any more)
+  [[ "$("$@" create --dry-run=server -o jsonpath='{.spec.suspend}' -f - <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}
+spec:
+  suspend: false
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: "$BASE_IMAGE", imagePullPolicy: IfNotPresent, command: ["true"]}]
+EOF
+)" == true ]]
+}
+kueue_pod_ungated() {  # a queued pod comes back without Kueue's gate: the configuration without `pod` is in effect
+  local gates
+  gates="$("$@" create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<EOF
 apiVersion: v1
 kind: Pod
 metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}
 spec:
   containers: [{name: c, image: "$BASE_IMAGE", imagePullPolicy: IfNotPresent, command: ["true"]}]
 EOF
+)" || return 1
+  [[ $gates != *kueue.x-k8s.io/admission* ]]
 }
 kueue_flavor_probe() {  # ... and its validating webhook must answer for Kueue's own objects
-  kc create --dry-run=server -o name -f - <<EOF
+  "$@" create --dry-run=server -o name -f - <<EOF
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata: {name: kueue-probe}
 EOF
 }
-kueue_webhooks_answer() { kueue_pod_probe && kueue_flavor_probe >/dev/null; }
+kueue_webhooks_answer() { kueue_job_probe "${@:-kc}" && kueue_flavor_probe "${@:-kc}" >/dev/null; }
 kueue_visibility_available() {
   [[ "$(kc get apiservice v1beta2.visibility.kueue.x-k8s.io \
     -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" == True ]]
@@ -983,6 +1004,8 @@ install_kueue() {  # idempotent: apply (server-side) and wait until the manager 
   kc apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f "$manifests.back" >/dev/null
   # Kueue injects its CA into the webhook configurations it finds: wait until both webhooks really answer
   wait_for 120 "Kueue's webhooks to answer" kueue_webhooks_answer
+  wait_for 60 "a queued pod to pass Kueue's webhook ungated (the configuration without the pod integration)" \
+    kueue_pod_ungated kc
   wait_for 120 "Kueue's visibility API" kueue_visibility_available
   local t_gc=$SECONDS; kueue_collected; log "the garbage collector collects Kueue's objects ($((SECONDS - t_gc))s)"
   log "Kueue $KUEUE_VERSION ready in $KUEUE_NS (pod $(kc -n "$KUEUE_NS" get pods -l control-plane=controller-manager \
