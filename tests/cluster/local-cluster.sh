@@ -1266,7 +1266,8 @@ sa_token() {  # sa_token PLANE NAMESPACE SECRET: the token the controller-manage
   local t
   t="$(mkc "$1" -n "$2" get secret "$3" -o jsonpath='{.data.token}')" && [[ -n $t ]] && base64 -d <<<"$t"
 }
-mk_kueue_render() {  # mk_kueue_render PLANE: Kueue's manifests for a host-process Kueue on stdout
+KUBETF_CRD="$HERE/../../operator/kubetf/crd/trainingjobs.kubetf.io.yaml"
+mk_kueue_render() {  # Kueue's manifests for a host-process Kueue (the same on both planes) on stdout
   local tmp rc=0; tmp="$(mktemp -d)"
   cp -r "$KUEUE_DIR/config" "$tmp/config"
   cp -r "$HERE/kueue" "$tmp/config/kubetf"
@@ -1290,7 +1291,15 @@ mk_kueue_render() {  # mk_kueue_render PLANE: Kueue's manifests for a host-proce
   } >"$tmp/config/host/kustomization.yaml"
   kc kustomize "$tmp/config/host" || rc=$?
   rm -rf "$tmp"
-  ((rc == 0)) || return $rc
+  return $rc
+}
+mk_kueue_render_all() {  # once for both planes
+  mkdir -p "$MK_DIR"
+  mk_kueue_render >"$MK_DIR/kueue.yaml.tmp" || die "kubectl kustomize of Kueue's config failed"
+  mv "$MK_DIR/kueue.yaml.tmp" "$MK_DIR/kueue.yaml"
+}
+mk_plane_manifests() {  # mk_plane_manifests PLANE: what the plane gets: Kueue's objects, its EndpointSlice, kubetf's CRD
+  cat "$MK_DIR/kueue.yaml"
   cat <<EOF
 ---
 apiVersion: discovery.k8s.io/v1
@@ -1310,7 +1319,10 @@ metadata:
   namespace: $KUEUE_NS
   annotations: {kubernetes.io/service-account.name: kueue-controller-manager}
 type: kubernetes.io/service-account-token
+---
 EOF
+  # kubetf's CRD: Kueue watches TrainingJobs (externalFrameworks; on the manager, MultiKueue's adapter)
+  cat "$KUBETF_CRD"
 }
 mk_kueue_config() {  # mk_kueue_config PLANE: kueue/controller_manager_config.yaml with the plane's own settings
   local plane=$1 own=(health metrics webhook leaderElection featureGates multiKueue)
@@ -1366,13 +1378,17 @@ mk_kueue_certs() {  # mk_kueue_certs PLANE: the webhook Secret's certificate and
 }
 mk_kueue() {  # mk_kueue PLANE: Kueue's objects on the plane, then Kueue (restarted if its configuration changed)
   local plane=$1 dir="$MK_DIR/$1" stamp
-  mk_kueue_render "$plane" >"$dir/kueue.yaml.tmp" || die "kubectl kustomize of Kueue's config failed"
-  mv "$dir/kueue.yaml.tmp" "$dir/kueue.yaml"
-  mkc "$plane" apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f "$dir/kueue.yaml" >/dev/null
-  mkc "$plane" wait --for=condition=Established --timeout=60s crd -l app.kubernetes.io/name=kueue >/dev/null
-  # kubetf's CRD: Kueue watches TrainingJobs (externalFrameworks; on the manager, MultiKueue's adapter)
-  mkc "$plane" apply --server-side --force-conflicts --field-manager=kubetf-local-cluster \
-    -f "$HERE/../../operator/kubetf/crd/trainingjobs.kubetf.io.yaml" >/dev/null
+  mk_plane_manifests "$plane" >"$dir/manifests.yaml.new"
+  # applied again only when they changed (server-side apply of Kueue's CRDs: 2-5 s a plane)
+  if cmp -s "$dir/manifests.yaml.new" "$dir/manifests.yaml" && mkc "$plane" get crd workloads.kueue.x-k8s.io \
+    trainingjobs.kubetf.io >/dev/null 2>&1; then
+    rm -f "$dir/manifests.yaml.new"
+  else
+    mkc "$plane" apply --server-side --force-conflicts --field-manager=kubetf-local-cluster \
+      -f "$dir/manifests.yaml.new" >/dev/null
+    mkc "$plane" wait --for=condition=Established --timeout=60s crd -l app.kubernetes.io/name=kueue >/dev/null
+    mv "$dir/manifests.yaml.new" "$dir/manifests.yaml"
+  fi
   wait_for 60 "the token of kueue-controller-manager on $plane" sa_token "$plane" "$KUEUE_NS" kueue-controller-manager-token
   token_kubeconfig "$dir/kueue.kubeconfig" "https://127.0.0.1:$(mk_port "$plane" 443)" "$dir/pki/ca.crt" \
     "$(sa_token "$plane" "$KUEUE_NS" kueue-controller-manager-token)" "kueue-$plane"
@@ -1428,8 +1444,7 @@ mk_connect() {  # mk_connect WORKER: its ServiceAccount, a kubeconfig Secret on 
   else server="https://$NODE_IP:$(mk_port "$w" 443)"; ca="$MK_DIR/$w/pki/ca.crt"; fi
   # the manager lists and watches TrainingJobs on every worker; worker1's CRD is the tests' (left alone if there)
   if [[ $w == worker1 ]] && ! kc get crd trainingjobs.kubetf.io >/dev/null 2>&1; then
-    kc apply --server-side --field-manager=kubetf-local-cluster \
-      -f "$HERE/../../operator/kubetf/crd/trainingjobs.kubetf.io.yaml" >/dev/null
+    kc apply --server-side --field-manager=kubetf-local-cluster -f "$KUBETF_CRD" >/dev/null
   fi
   mk_worker_rbac | mkc "$w" apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f - >/dev/null
   wait_for 60 "the token of $MK_WORKER_SA on $w" sa_token "$w" "$KUEUE_NS" "$MK_WORKER_SA-token"
@@ -1462,6 +1477,7 @@ mk_up() {
   stage mk-etcd mk_start_etcd
   stage mk-apiservers mk_apiservers
   stage mk-controllers mk_controllers
+  stage mk-kueue-render mk_kueue_render_all
   for p in "${MK_PLANES[@]}"; do stage "mk-kueue-$p" mk_kueue "$p"; done
   stage mk-connect mk_connect_all
 }
