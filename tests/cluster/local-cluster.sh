@@ -1169,10 +1169,9 @@ mk_kubeconfig() {  # a plane's admin kubeconfig (system:masters); worker1's is t
   if [[ $1 == worker1 ]]; then echo "$KUBECONFIG_PATH"; else echo "$STATE/$1.kubeconfig"; fi
 }
 mkc() { local plane=$1; shift; "$K8S_BIN/kubectl" --kubeconfig "$(mk_kubeconfig "$plane")" "$@"; }
-mk_daemons() {  # every daemon of the MultiKueue planes, in the order they are stopped
+mk_daemons() {  # every daemon of the MultiKueue planes (clients, API servers, etcd)
   local p
-  for p in "${MK_PLANES[@]}"; do echo "$p-kueue"; done
-  for p in "${MK_PLANES[@]}"; do echo "$p-kube-controller-manager"; done
+  for p in "${MK_PLANES[@]}"; do echo "$p-kueue" "$p-kube-controller-manager"; done
   for p in "${MK_PLANES[@]}"; do echo "$p-kube-apiserver"; done
   echo mk-etcd
 }
@@ -1376,7 +1375,8 @@ mk_kueue_certs() {  # mk_kueue_certs PLANE: the webhook Secret's certificate and
   (umask 077; base64 -d <<<"$key" >"$dir/tls.key.tmp"; base64 -d <<<"$crt" >"$dir/tls.crt.tmp")
   for f in tls.key tls.crt; do mv "$dir/$f.tmp" "$dir/$f"; done
 }
-mk_kueue() {  # mk_kueue PLANE: Kueue's objects on the plane, then Kueue (restarted if its configuration changed)
+mk_kueue_start() {  # mk_kueue_start PLANE: Kueue's objects on the plane, then Kueue (restarted if its configuration
+  # changed); mk_kueue_ready waits for it
   local plane=$1 dir="$MK_DIR/$1" stamp
   mk_plane_manifests "$plane" >"$dir/manifests.yaml.new"
   # applied again only when they changed (server-side apply of Kueue's CRDs: 2-5 s a plane)
@@ -1401,6 +1401,9 @@ mk_kueue() {  # mk_kueue PLANE: Kueue's objects on the plane, then Kueue (restar
       --kubeconfig="$dir/kueue.kubeconfig" --zap-log-level=2
     echo "$stamp" >"$dir/kueue.stamp"
   fi
+}
+mk_kueue_ready() {  # mk_kueue_ready PLANE
+  local plane=$1
   # Kueue makes its certificate (Secret kueue-webhook-server-cert) then waits, 1-2-4-... s, for the files
   wait_for 120 "Kueue's webhook certificate on $plane" mk_kueue_certs "$plane"
   wait_for 120 "Kueue's webhooks on $plane (log $LOGS/$plane-kueue.log)" kueue_webhooks_answer mkc "$plane"
@@ -1478,7 +1481,7 @@ mk_up() {
   stage mk-apiservers mk_apiservers
   stage mk-controllers mk_controllers
   stage mk-kueue-render mk_kueue_render_all
-  for p in "${MK_PLANES[@]}"; do stage "mk-kueue-$p" mk_kueue "$p"; done
+  stage mk-kueue mk_kueues
   stage mk-connect mk_connect_all
 }
 mk_apiservers() {  # side by side: each spends most of its start building its API
@@ -1491,8 +1494,19 @@ mk_controllers() {
   for p in "${MK_PLANES[@]}"; do mk_start_controllers "$p"; done
   for p in "${MK_PLANES[@]}"; do mk_controllers_ready "$p"; done
 }
+mk_kueues() {  # both start before either is waited for
+  local p
+  for p in "${MK_PLANES[@]}"; do mk_kueue_start "$p"; done
+  for p in "${MK_PLANES[@]}"; do mk_kueue_ready "$p"; done
+}
 mk_connect_all() { mk_connect worker1; mk_connect worker2; mk_active worker1 worker2; }
-mk_stop() { local d; mapfile -t d < <(mk_daemons); stop_daemon "${d[@]}"; }
+mk_stop() {  # clients, API servers, etcd: an API server stopped with its etcd waits for it for ever (seen: minutes)
+  local p clients=() apiservers=()
+  for p in "${MK_PLANES[@]}"; do clients+=("$p-kueue" "$p-kube-controller-manager"); apiservers+=("$p-kube-apiserver"); done
+  stop_daemon "${clients[@]}"
+  stop_daemon "${apiservers[@]}"
+  stop_daemon mk-etcd
+}
 mk_cleanup_worker1() {  # what the manager and this script left on worker1 (nobody would remove it any more)
   kc get --raw /readyz >/dev/null 2>&1 || return 0
   local kind sel="kueue.x-k8s.io/multikueue-origin=$MK_ORIGIN"
