@@ -1375,9 +1375,8 @@ mk_kueue_certs() {  # mk_kueue_certs PLANE: the webhook Secret's certificate and
   (umask 077; base64 -d <<<"$key" >"$dir/tls.key.tmp"; base64 -d <<<"$crt" >"$dir/tls.crt.tmp")
   for f in tls.key tls.crt; do mv "$dir/$f.tmp" "$dir/$f"; done
 }
-mk_kueue_start() {  # mk_kueue_start PLANE: Kueue's objects on the plane, then Kueue (restarted if its configuration
-  # changed); mk_kueue_ready waits for it
-  local plane=$1 dir="$MK_DIR/$1" stamp
+mk_kueue_objects() {  # mk_kueue_objects PLANE: Kueue's objects on the plane, its kubeconfig and Configuration
+  local plane=$1 dir="$MK_DIR/$1"
   mk_plane_manifests "$plane" >"$dir/manifests.yaml.new"
   # applied again only when they changed (server-side apply of Kueue's CRDs: 2-5 s a plane)
   if cmp -s "$dir/manifests.yaml.new" "$dir/manifests.yaml" && mkc "$plane" get crd workloads.kueue.x-k8s.io \
@@ -1393,6 +1392,9 @@ mk_kueue_start() {  # mk_kueue_start PLANE: Kueue's objects on the plane, then K
   token_kubeconfig "$dir/kueue.kubeconfig" "https://127.0.0.1:$(mk_port "$plane" 443)" "$dir/pki/ca.crt" \
     "$(sa_token "$plane" "$KUEUE_NS" kueue-controller-manager-token)" "kueue-$plane"
   mk_kueue_config "$plane" >"$dir/kueue-config.yaml"
+}
+mk_kueue_run() {  # mk_kueue_run PLANE: start Kueue, or restart it if its binary, Configuration or kubeconfig changed
+  local plane=$1 dir="$MK_DIR/$1" stamp
   stamp="$(stat -c %s-%Y "$KUEUE_DIR/kueue")-$(cat "$dir/kueue-config.yaml" "$dir/kueue.kubeconfig" | sha256sum | cut -c1-16)"
   if ! running "$plane-kueue" || [[ "$(cat "$dir/kueue.stamp" 2>/dev/null)" != "$stamp" ]]; then
     stop_daemon "$plane-kueue"
@@ -1494,9 +1496,10 @@ mk_controllers() {
   for p in "${MK_PLANES[@]}"; do mk_start_controllers "$p"; done
   for p in "${MK_PLANES[@]}"; do mk_controllers_ready "$p"; done
 }
-mk_kueues() {  # both start before either is waited for
-  local p
-  for p in "${MK_PLANES[@]}"; do mk_kueue_start "$p"; done
+mk_kueues() {  # both start together once both planes have their objects (Kueue polls for its certificate files at
+  local p      # growing intervals: the sooner they are there, the sooner it serves)
+  for p in "${MK_PLANES[@]}"; do mk_kueue_objects "$p"; done
+  for p in "${MK_PLANES[@]}"; do mk_kueue_run "$p"; done
   for p in "${MK_PLANES[@]}"; do mk_kueue_ready "$p"; done
 }
 mk_connect_all() { mk_connect worker1; mk_connect worker2; mk_active worker1 worker2; }
