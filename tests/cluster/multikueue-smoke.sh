@@ -4,9 +4,10 @@
 #   queues: on the manager a ClusterQueue whose admission check is MultiKueue (AdmissionCheck -> MultiKueueConfig with
 #   worker1 and worker2), on worker1 (the local cluster) a ClusterQueue with quota, on worker2 one with none; the same
 #   LocalQueue name in the same namespace on all three (MultiKueue copies the Workload there under its own name);
-#   A: a Job that prints 1, submitted on the manager (spec.managedBy: kueue.x-k8s.io/multikueue): it runs on
-#   worker1's real node and completes, its status is mirrored onto the manager's Job (succeeded 1, Complete); deleted
-#   on the manager: gone from worker1 too (Job and Workload);
+#   A: a Job that prints 1, submitted on the manager (spec.managedBy: kueue.x-k8s.io/multikueue): its Workload is
+#   copied to both workers, admitted on worker1 only (worker2's copy is then deleted), the Job runs on worker1's real
+#   node and completes, its status is mirrored onto the manager's Job (succeeded 1, Complete); deleted on the
+#   manager: gone from worker1 too (Job and Workload);
 #   B: a Job that sleeps: running on worker1, its status mirrored (active 1); deleted on the manager while it runs:
 #   its copy on worker1 and the copy's pod are deleted.
 # Usage: multikueue-smoke.sh   (kubeconfigs: KUBETF_MANAGER_KUBECONFIG, KUBETF_WORKER1_KUBECONFIG,
@@ -40,6 +41,7 @@ show() {  # what each cluster holds of the test, for a failure
 fail() { show; log "FAIL: $*"; exit 1; }
 cleanup() {
   local c
+  [[ -z ${WATCH:-} ]] || kill "$WATCH" 2>/dev/null || true
   for c in km k1 k2; do
     "$c" delete namespace "$NAME" --ignore-not-found --wait=false >/dev/null 2>&1 || true
   done
@@ -165,6 +167,10 @@ for c in km k1 k2; do wait_until 60 "ClusterQueue $NAME Active ($c)" cq_active "
 log "AdmissionCheck and ClusterQueues Active (the check after ${t}s)"
 
 # ---------------------------------------------------------------- A: runs on worker1 and completes
+EVENTS="$(mktemp)"
+k2 -n "$NAME" get workloads.kueue.x-k8s.io -w --output-watch-events \
+  -o jsonpath='{.type} {.object.metadata.name}{"\n"}' >"$EVENTS" 2>/dev/null &
+WATCH=$!
 job a "print(1)"
 t="$(wait_until 120 "A's Workload admitted on worker1" dispatched_to_worker1 a)"
 log "A created on the manager; dispatched to worker1 (the Workload's clusterName) after ${t}s"
@@ -181,6 +187,11 @@ log "A mirrored on the manager (succeeded 1, Complete) after ${t}s more"
 mirrored a succeeded 1 || fail "the manager's A says succeeded=$(jsonpath km job a '{.status.succeeded}')"
 [[ -z "$(k2 -n "$NAME" get workloads.kueue.x-k8s.io -o name 2>/dev/null)" ]] \
   || fail "worker2 still holds a copy of A's Workload: $(k2 -n "$NAME" get workloads.kueue.x-k8s.io -o name)"
+kill "$WATCH" 2>/dev/null || true; WATCH=""
+{ grep -q '^ADDED ' "$EVENTS" && grep -q '^DELETED ' "$EVENTS"; } \
+  || fail "worker2's copy of A's Workload was not seen created then deleted: $(tr '\n' ' ' <"$EVENTS")"
+log "worker2 (no quota) got a copy of A's Workload, deleted once worker1 admitted A: $(tr '\n' ' ' <"$EVENTS")"
+rm -f "$EVENTS"
 if k1 -n "$NAME" get job a >/dev/null 2>&1; then
   log "A's copy still on worker1 after it completed"
 else
