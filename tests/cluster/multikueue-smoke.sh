@@ -9,7 +9,13 @@
 #   node and completes, its status is mirrored onto the manager's Job (succeeded 1, Complete); deleted on the
 #   manager: gone from worker1 too (Job and Workload);
 #   B: a Job that sleeps: running on worker1, its status mirrored (active 1); deleted on the manager while it runs:
-#   its copy on worker1 and the copy's pod are deleted.
+#   its copy on worker1 and the copy's pod are deleted;
+#   C: a TrainingJob (MultiKueue's generic adapter, multiKueue.externalFrameworks) with the Workload kubetf's operator
+#   will create for it on the manager, made here by hand (no operator runs on the manager): dispatched to worker1 as
+#   a copy without spec.managedBy, with the annotation kueue.x-k8s.io/prebuilt-workload-name and the origin label;
+#   a status written on worker1's copy is mirrored onto the manager's TrainingJob; deleted on the manager: the copy
+#   and its Workload are gone from worker1. (Whatever kubetf operator runs on worker1 may act on the copy: its
+#   chief sleeps, and only the written field is compared.)
 # Usage: multikueue-smoke.sh   (kubeconfigs: KUBETF_MANAGER_KUBECONFIG, KUBETF_WORKER1_KUBECONFIG,
 # KUBETF_WORKER2_KUBECONFIG, else the local ones; kubectl on PATH, else ~/.cache/kubetf/bin)
 # Prints each step with its time; exit 0 when every check held, 1 when one did not. Everything it creates is named
@@ -212,4 +218,66 @@ pod="$(pod_of b)"
 km -n "$NAME" delete job b --wait=false >/dev/null
 t="$(wait_until 120 "B gone from worker1" gone_from_worker1 b)"
 log "B deleted on the manager while running: its copy and pod $pod gone from worker1 after ${t}s"
+
+# ---------------------------------------------------------------- C: a TrainingJob through the generic adapter
+km apply -f - >/dev/null <<EOF
+apiVersion: kubetf.io/v1alpha1
+kind: TrainingJob
+metadata: {name: c, namespace: $NAME, labels: {kueue.x-k8s.io/queue-name: $QUEUE}}
+spec:
+  managedBy: kueue.x-k8s.io/multikueue
+  strategy: MultiWorkerMirrored
+  runPolicy: {suspend: true}
+  replicaSpecs:
+    chief:
+      replicas: 1
+      template:
+        spec:
+          terminationGracePeriodSeconds: 1
+          containers:
+          - {name: tensorflow, image: $IMAGE, imagePullPolicy: IfNotPresent, command: [python3, -c, "import time; time.sleep(600)"],
+             resources: {requests: {cpu: 100m, memory: 64Mi}}}
+EOF
+uid="$(jsonpath km trainingjob c '{.metadata.uid}')"
+km apply -f - >/dev/null <<EOF
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: Workload
+metadata:
+  name: trainingjob-c-smoke
+  namespace: $NAME
+  labels: {kueue.x-k8s.io/job-uid: "$uid"}
+  ownerReferences: [{apiVersion: kubetf.io/v1alpha1, kind: TrainingJob, name: c, uid: "$uid", controller: true, blockOwnerDeletion: true}]
+spec:
+  queueName: $QUEUE
+  podSets:
+  - name: chief
+    count: 1
+    template:
+      spec:
+        restartPolicy: Never
+        containers:
+        - {name: tensorflow, image: $IMAGE, command: [python3, -c, "import time; time.sleep(600)"],
+           resources: {requests: {cpu: 100m, memory: 64Mi}}}
+EOF
+tj_copied() { k1 -n "$NAME" get trainingjob c >/dev/null 2>&1; }
+t="$(wait_until 120 "C's copy on worker1" tj_copied)"
+prebuilt="$(jsonpath k1 trainingjob c '{.metadata.annotations.kueue\.x-k8s\.io/prebuilt-workload-name}')"
+origin="$(jsonpath k1 trainingjob c '{.metadata.labels.kueue\.x-k8s\.io/multikueue-origin}')"
+managed="$(jsonpath k1 trainingjob c '{.spec.managedBy}')"
+[[ $prebuilt == trainingjob-c-smoke && -n $origin && -z $managed ]] \
+  || fail "C's copy on worker1: prebuilt-workload-name '$prebuilt', origin '$origin', managedBy '$managed'"
+[[ "$(jsonpath km workloads.kueue.x-k8s.io trainingjob-c-smoke '{.status.clusterName}')" == worker1 ]] \
+  || fail "the manager's Workload of C is not admitted on worker1"
+log "C (TrainingJob) copied to worker1 after ${t}s: annotation prebuilt-workload-name=$prebuilt, origin $origin, no managedBy"
+k1 -n "$NAME" patch trainingjob c --subresource=status --type=merge \
+  -p '{"status":{"restarts":{"lastReason":"mk-smoke: written on worker1"}}}' >/dev/null
+tj_mirrored() { [[ "$(jsonpath km trainingjob c '{.status.restarts.lastReason}')" == "mk-smoke: written on worker1" ]]; }
+t="$(wait_until 60 "C's status on the manager" tj_mirrored)"
+log "C's status written on worker1 mirrored onto the manager's TrainingJob after ${t}s"
+km -n "$NAME" delete trainingjob c --wait=false >/dev/null
+tj_gone() {
+  ! k1 -n "$NAME" get trainingjob c >/dev/null 2>&1 && ! k1 -n "$NAME" get workloads.kueue.x-k8s.io trainingjob-c-smoke >/dev/null 2>&1
+}
+t="$(wait_until 120 "C gone from worker1" tj_gone)"
+log "C deleted on the manager: its copy and Workload gone from worker1 after ${t}s"
 log "PASS"
