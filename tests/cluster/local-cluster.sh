@@ -1169,10 +1169,9 @@ mk_kubeconfig() {  # a plane's admin kubeconfig (system:masters); worker1's is t
   if [[ $1 == worker1 ]]; then echo "$KUBECONFIG_PATH"; else echo "$STATE/$1.kubeconfig"; fi
 }
 mkc() { local plane=$1; shift; "$K8S_BIN/kubectl" --kubeconfig "$(mk_kubeconfig "$plane")" "$@"; }
-mk_daemons() {  # every daemon of the MultiKueue planes (clients, API servers, etcd)
+mk_daemons() {  # every daemon of the MultiKueue planes, one a line
   local p
-  for p in "${MK_PLANES[@]}"; do echo "$p-kueue" "$p-kube-controller-manager"; done
-  for p in "${MK_PLANES[@]}"; do echo "$p-kube-apiserver"; done
+  for p in "${MK_PLANES[@]}"; do printf '%s\n' "$p-kueue" "$p-kube-controller-manager" "$p-kube-apiserver"; done
   echo mk-etcd
 }
 mk_stamp() { echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kueue=$KUEUE_VERSION node-ip=$NODE_IP rev=$MK_REV"; }
@@ -1503,11 +1502,10 @@ mk_kueues() {  # both start together once both planes have their objects (Kueue 
   for p in "${MK_PLANES[@]}"; do mk_kueue_ready "$p"; done
 }
 mk_connect_all() { mk_connect worker1; mk_connect worker2; mk_active worker1 worker2; }
-mk_stop() {  # clients, API servers, etcd: an API server stopped with its etcd waits for it for ever (seen: minutes)
-  local p clients=() apiservers=()
-  for p in "${MK_PLANES[@]}"; do clients+=("$p-kueue" "$p-kube-controller-manager"); apiservers+=("$p-kube-apiserver"); done
-  stop_daemon "${clients[@]}"
-  stop_daemon "${apiservers[@]}"
+mk_stop() {  # etcd last: an API server stopped together with its etcd waited for it for minutes (until SIGKILL)
+  local d
+  mapfile -t d < <(mk_daemons | grep -vx mk-etcd)
+  stop_daemon "${d[@]}"
   stop_daemon mk-etcd
 }
 mk_cleanup_worker1() {  # what the manager and this script left on worker1 (nobody would remove it any more)
@@ -1519,8 +1517,8 @@ mk_cleanup_worker1() {  # what the manager and this script left on worker1 (nobo
   mk_worker_rbac | kc delete --ignore-not-found -f - >/dev/null 2>&1 || true
 }
 mk_down() {
-  mk_stop
-  mk_cleanup_worker1
+  stage mk-stop mk_stop
+  stage mk-cleanup-worker1 mk_cleanup_worker1
   rm -rf --one-file-system "$MK_DIR"
   rm -f "$(mk_kubeconfig manager)" "$(mk_kubeconfig worker2)"
 }
