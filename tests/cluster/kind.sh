@@ -3,7 +3,8 @@
 # Same shape as local-cluster.sh: one node, fake nvidia.com/gpu, a default `standard` class binding RWO and RWX.
 #   kind.sh up | down | env | images | load IMAGE... | kueue | kueue-delete
 # kueue: Kueue's released manifests (the version of tests/cluster/kueue/kustomization.yaml, as local-cluster.sh)
-# with upstream's configuration (the pod integration on); waits for the controller and its webhooks.
+# with the project's Configuration and TrainingJob RBAC from tests/cluster/kueue/ (kubetf as an external framework,
+# no pod integration); waits for the controller and its webhooks.
 # Then: eval "$(tests/cluster/kind.sh env)"; the tests' kube_cluster fixture uses $KUBECONFIG.
 set -euo pipefail
 NAME="${KUBETF_KIND_NAME:-kubetf}"
@@ -51,14 +52,17 @@ YAML
 
 kind_env() { echo "export KUBECONFIG=$KCFG"; }
 
-KUEUE_VERSION="$(awk '$1 == "newTag:" {print $2; exit}' "$(dirname "${BASH_SOURCE[0]}")/kueue/kustomization.yaml")"
+KUEUE_OVERLAY="$(dirname "${BASH_SOURCE[0]}")/kueue"
+KUEUE_VERSION="$(awk '$1 == "newTag:" {print $2; exit}' "$KUEUE_OVERLAY/kustomization.yaml")"
 KUEUE_MANIFESTS="https://github.com/kubernetes-sigs/kueue/releases/download/$KUEUE_VERSION/manifests.yaml"
-kueue_webhooks_answer() {  # a queued pod must come back from the mutating webhook with Kueue's gate
-  k create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<'YAML' | grep -w kueue.x-k8s.io/admission >/dev/null
-apiVersion: v1
-kind: Pod
+kueue_webhooks_answer() {  # a queued batch Job must come back from the mutating webhook suspended
+  k create --dry-run=server -o jsonpath='{.spec.suspend}' -f - <<'YAML' | grep -x true >/dev/null
+apiVersion: batch/v1
+kind: Job
 metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}
-spec: {containers: [{name: c, image: kubetf/python-base:bookworm, command: ["true"]}]}
+spec:
+  suspend: false
+  template: {spec: {restartPolicy: Never, containers: [{name: c, image: kubetf/python-base:bookworm, command: ["true"]}]}}
 YAML
   k create --dry-run=server -o name -f - >/dev/null <<'YAML'
 apiVersion: kueue.x-k8s.io/v1beta2
@@ -68,6 +72,15 @@ YAML
 }
 kueue() {  # idempotent
   k apply --server-side --force-conflicts -f "$KUEUE_MANIFESTS" >/dev/null
+  # the project's Configuration (as local-cluster.sh's overlay) and RBAC; the file's hash on the pod template
+  # restarts Kueue when it changes
+  k -n kueue-system create configmap kueue-manager-config --dry-run=client -o yaml \
+    --from-file=controller_manager_config.yaml="$KUEUE_OVERLAY/controller_manager_config.yaml" \
+    | k apply --server-side --force-conflicts --field-manager=kubetf-kind -f - >/dev/null
+  k apply --server-side --force-conflicts --field-manager=kubetf-kind -f "$KUEUE_OVERLAY/kubetf_rbac.yaml" >/dev/null
+  local hash; hash="$(sha256sum "$KUEUE_OVERLAY/controller_manager_config.yaml" | cut -c1-16)"
+  k -n kueue-system patch deployment kueue-controller-manager --type=merge \
+    -p "{\"spec\":{\"template\":{\"metadata\":{\"annotations\":{\"kubetf.io/config-hash\":\"$hash\"}}}}}" >/dev/null
   k -n kueue-system rollout status deployment/kueue-controller-manager --timeout=300s
   for _ in $(seq 1 120); do
     kueue_webhooks_answer 2>/dev/null && { echo "Kueue $KUEUE_VERSION ready"; return 0; }
@@ -80,6 +93,7 @@ kueue_delete() {  # webhook configurations first: pod creation must never call a
   k delete validatingwebhookconfiguration kueue-validating-webhook-configuration --ignore-not-found
   k delete apiservice v1beta1.visibility.kueue.x-k8s.io v1beta2.visibility.kueue.x-k8s.io --ignore-not-found
   k delete --ignore-not-found --timeout=180s -f "$KUEUE_MANIFESTS"
+  k delete --ignore-not-found -f "$KUEUE_OVERLAY/kubetf_rbac.yaml"
 }
 
 case "${1:-}" in

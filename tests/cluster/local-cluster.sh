@@ -36,6 +36,12 @@
 #                              does), keep it stopped SECONDS (default 0), start it again as `up` did, then restart
 #                              the cluster's other components (not the operator) so that none is left in a reconnect
 #                              backoff; returns once they act again, printing how long the API server was away
+#   local-cluster.sh multikueue   two more control planes beside this cluster for MultiKueue: `manager` and `worker2`
+#                              (API server + controller-manager each, no nodes, one extra etcd), Kueue on each as a
+#                              host process, and the manager connected to worker1 (this cluster) and worker2
+#                              (MultiKueueClusters Active); needs the cluster and its Kueue up; idempotent; their
+#                              kubeconfigs: `env` (KUBETF_MANAGER_KUBECONFIG, KUBETF_WORKER2_KUBECONFIG)
+#   local-cluster.sh multikueue-down   stop them, remove their state and what they left here (`down` stops them too)
 #
 # Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
 # KUBETF_FAKE_GPUS (default 12), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
@@ -447,13 +453,13 @@ gen_cert() {  # gen_cert NAME CN ORG SANS
     -extfile "$PKI/$n.ext" -out "$PKI/$n.crt" 2>/dev/null
   rm -f "$PKI/$n.csr" "$PKI/$n.ext"
 }
-kubeconfig() {  # kubeconfig FILE CERTNAME [SERVER]
-  local f=$1 c=$2 server=${3:-https://$NODE_IP:6443}
+kubeconfig() {  # kubeconfig FILE CERTNAME [SERVER [NAME]]   (NAME: of the cluster and the context)
+  local f=$1 c=$2 server=${3:-https://$NODE_IP:6443} name=${4:-kubetf}
   cat >"$f" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
-- name: kubetf
+- name: $name
   cluster:
     server: $server
     certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
@@ -463,9 +469,9 @@ users:
     client-certificate-data: $(base64 -w0 "$PKI/$c.crt")
     client-key-data: $(base64 -w0 "$PKI/$c.key")
 contexts:
-- name: kubetf
-  context: {cluster: kubetf, user: $c, namespace: default}
-current-context: kubetf
+- name: $name
+  context: {cluster: $name, user: $c, namespace: default}
+current-context: $name
 EOF
   chmod 600 "$f"
 }
@@ -966,18 +972,20 @@ stop_fake_nodes() {  # stop_fake_nodes NAME...: the node vanishes (see fake-node
 # answer, NO pod can be created there. Hence the order: install the webhook configurations last (once the manager
 # is Ready) and delete them first.
 kueue_render() {  # the rendered manifests on stdout
-  local tmp rc=0 id; tmp="$(mktemp -d)"
+  local tmp rc=0 id hash; tmp="$(mktemp -d)"
   cp -r "$KUEUE_DIR/config" "$tmp/config"
   cp -r "$HERE/kueue" "$tmp/config/kubetf"
   # The tag stays the same when the image is rebuilt: the image's id in the pod template rolls the pod then.
   id="$(docker image inspect -f '{{.Id}}' "$KUEUE_IMAGE" 2>/dev/null || true)"
   mkdir -p "$tmp/config/run"
+  # Kueue reads its Configuration once, at start: the file's hash on the pod template restarts it on a change.
+  hash="$(sha256sum "$HERE/kueue/controller_manager_config.yaml" | cut -c1-16)"
   cat >"$tmp/config/run/kustomization.yaml" <<EOF
 resources: [../kubetf]
 patches:
 - patch: |-
     {apiVersion: apps/v1, kind: Deployment, metadata: {name: kueue-controller-manager, namespace: $KUEUE_NS},
-     spec: {template: {metadata: {annotations: {kubetf.io/image-id: "${id:-none}"}}}}}
+     spec: {template: {metadata: {annotations: {kubetf.io/image-id: "${id:-none}", kubetf.io/config-hash: "$hash"}}}}}
 EOF
   kc kustomize "$tmp/config/run" || rc=$?
   rm -rf "$tmp"
@@ -994,23 +1002,42 @@ for suffix, keep in ((".front", lambda d: not back.search(d)), (".back", lambda 
         out.write("---\n".join(d.strip("\n") + "\n" for d in docs if keep(d)))
 PY
 }
-kueue_pod_probe() {  # a server-side dry run of a queued pod: Kueue's mutating webhook must add its scheduling gate
-  kc create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<EOF | grep -w kueue.x-k8s.io/admission >/dev/null
+# The probes run the kubectl they are given (kc: this cluster; mkc PLANE: a MultiKueue control plane).
+kueue_job_probe() {  # a server-side dry run of a queued batch Job: Kueue's mutating webhook must suspend it
+  # (the pod integration is off, see kueue/controller_manager_config.yaml: a queued pod proves nothing any more)
+  [[ "$("$@" create --dry-run=server -o jsonpath='{.spec.suspend}' -f - <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}
+spec:
+  suspend: false
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: "$BASE_IMAGE", imagePullPolicy: IfNotPresent, command: ["true"]}]
+EOF
+)" == true ]]
+}
+kueue_pod_ungated() {  # a queued pod comes back without Kueue's gate: the configuration without `pod` is in effect
+  local gates
+  gates="$("$@" create --dry-run=server -o jsonpath='{.spec.schedulingGates[*].name}' -f - <<EOF
 apiVersion: v1
 kind: Pod
 metadata: {generateName: kueue-probe-, namespace: default, labels: {kueue.x-k8s.io/queue-name: kueue-probe}}
 spec:
   containers: [{name: c, image: "$BASE_IMAGE", imagePullPolicy: IfNotPresent, command: ["true"]}]
 EOF
+)" || return 1
+  [[ $gates != *kueue.x-k8s.io/admission* ]]
 }
 kueue_flavor_probe() {  # ... and its validating webhook must answer for Kueue's own objects
-  kc create --dry-run=server -o name -f - <<EOF
+  "$@" create --dry-run=server -o name -f - <<EOF
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata: {name: kueue-probe}
 EOF
 }
-kueue_webhooks_answer() { kueue_pod_probe && kueue_flavor_probe >/dev/null; }
+kueue_webhooks_answer() { kueue_job_probe "${@:-kc}" && kueue_flavor_probe "${@:-kc}" >/dev/null; }
 kueue_visibility_available() {
   [[ "$(kc get apiservice v1beta2.visibility.kueue.x-k8s.io \
     -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" == True ]]
@@ -1050,6 +1077,8 @@ install_kueue() {  # idempotent: apply (server-side) and wait until the manager 
   kc apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f "$manifests.back" >/dev/null
   # Kueue injects its CA into the webhook configurations it finds: wait until both webhooks really answer
   wait_for 120 "Kueue's webhooks to answer" kueue_webhooks_answer
+  wait_for 60 "a queued pod to pass Kueue's webhook ungated (the configuration without the pod integration)" \
+    kueue_pod_ungated kc
   wait_for 120 "Kueue's visibility API" kueue_visibility_available
   local t_gc=$SECONDS; kueue_collected; log "the garbage collector collects Kueue's objects ($((SECONDS - t_gc))s)"
   log "Kueue $KUEUE_VERSION ready in $KUEUE_NS (pod $(kc -n "$KUEUE_NS" get pods -l control-plane=controller-manager \
@@ -1175,6 +1204,427 @@ delete_volcano() {  # uninstall: the controllers, then the CRDs (every PodGroup,
   log "Volcano deleted"
 }
 
+# ---------------------------------------------------------------- MultiKueue: two more control planes
+# `multikueue` adds two control planes on this host beside this cluster, which becomes MultiKueue's worker1:
+#   manager   a MultiKueue manager (it runs no pod of the jobs it dispatches: no nodes, no scheduler)
+#   worker2   a second worker without nodes (in the tests, the worker without quota: nothing is admitted there)
+# Each is a kube-apiserver and a kube-controller-manager (garbage collector, namespaces, service accounts and their
+# tokens, ClusterRole aggregation) of the cached Kubernetes version with a CA of its own; both keep their data in one
+# extra etcd under distinct prefixes. Each has Kueue, the cached binary, as a host process: upstream's CRDs, RBAC
+# and webhook configurations applied to its plane, a token of the ServiceAccount kueue-controller-manager, and
+# kueue/controller_manager_config.yaml with its own ports (the manager's with multiKueue.externalFrameworks). The
+# API servers reach Kueue's webhooks through a selectorless Service and an EndpointSlice with this host's address
+# (--enable-aggregator-routing: they dial endpoints, never ClusterIPs, which nothing routes here); Kueue's internal
+# certificate management writes the webhook certificate into its Secret and the CA bundles into the webhook
+# configurations and CRDs, and this script copies the Secret's certificate where Kueue reads it (what the kubelet
+# does for a pod). The manager connects to worker1 and worker2 with a ServiceAccount token of each
+# (MultiKueueClusters worker1 and worker2). Ports: see mk_port. State: $STATE/multikueue; logs: $LOGS/<plane>-*.log.
+MK_DIR="$STATE/multikueue"
+MK_PLANES=(manager worker2)
+MK_REV=1               # bump when a running setup must be replaced (what runs, how it is wired)
+MK_ETCD_PORT=12379     # client; the peer port is the next one
+MK_ORIGIN=multikueue   # the manager's origin (Kueue's default): label kueue.x-k8s.io/multikueue-origin on its copies
+MK_FRAMEWORK="TrainingJob.v1alpha1.kubetf.io"
+MK_WORKER_SA=multikueue-sa   # the manager's identity on each worker (the names of Kueue's docs)
+mk_port() {  # mk_port PLANE OFFSET: 443 kube-apiserver (all addresses), 257 kube-controller-manager (127.0.0.1),
+  local base      # Kueue: 444 webhooks (this host's address), 445 metrics, 446 health (127.0.0.1)
+  case $1 in manager) base=16000 ;; worker2) base=26000 ;; *) die "no MultiKueue control plane $1" ;; esac
+  echo $((base + $2))
+}
+mk_service_cidr() { case $1 in manager) echo 10.97.0.0/16 ;; worker2) echo 10.98.0.0/16 ;; esac; }
+mk_kubeconfig() {  # a plane's admin kubeconfig (system:masters); worker1's is this cluster's
+  if [[ $1 == worker1 ]]; then echo "$KUBECONFIG_PATH"; else echo "$STATE/$1.kubeconfig"; fi
+}
+mkc() { local plane=$1; shift; "$K8S_BIN/kubectl" --kubeconfig "$(mk_kubeconfig "$plane")" "$@"; }
+mk_daemons() {  # every daemon of the MultiKueue planes, one a line
+  local p
+  for p in "${MK_PLANES[@]}"; do printf '%s\n' "$p-kueue" "$p-kube-controller-manager" "$p-kube-apiserver"; done
+  echo mk-etcd
+}
+mk_stamp() { echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION kueue=$KUEUE_VERSION node-ip=$NODE_IP rev=$MK_REV"; }
+mk_build() {  # the cached binaries it runs (built only if missing: the cluster's own build makes them all)
+  mkdir -p "$CACHE/logs"
+  build_k8s "$K8S_VERSION" kube-apiserver kube-controller-manager kubectl
+  if [[ ! -x "$ETCD_BIN/etcd" ]]; then
+    log "building etcd $ETCD_VERSION"
+    "$HERE/etcd-build/build.sh" "$ETCD_VERSION" >"$CACHE/logs/etcd-build.log" 2>&1 || die "etcd build failed: $CACHE/logs/etcd-build.log"
+  fi
+  build_kueue
+}
+mk_pki() {  # mk_pki PLANE: its CA, the API server's certificate, admin and controller-manager clients (kept once made)
+  local plane=$1 PKI="$MK_DIR/$1/pki" svc_ip
+  [[ -s $PKI/sa.pub && -s "$(mk_kubeconfig "$plane")" && -s "$MK_DIR/$plane/controller-manager.kubeconfig" ]] && return 0
+  svc_ip="$(mk_service_cidr "$plane")"; svc_ip="${svc_ip%.0/16}.1"
+  mkdir -p "$PKI"
+  openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
+  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=kubetf-$plane-ca" -days 3650 -out "$PKI/ca.crt" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+  gen_cert apiserver kube-apiserver "" "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:$svc_ip,IP:$NODE_IP"
+  gen_cert admin kubernetes-admin system:masters ""
+  gen_cert controller-manager system:kube-controller-manager "" ""
+  openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  chmod 600 "$PKI"/*.key
+  kubeconfig "$MK_DIR/$plane/controller-manager.kubeconfig" controller-manager \
+    "https://127.0.0.1:$(mk_port "$plane" 443)" "kubetf-$plane"
+  kubeconfig "$(mk_kubeconfig "$plane")" admin "https://$NODE_IP:$(mk_port "$plane" 443)" "kubetf-$plane"
+}
+mk_start_etcd() {
+  mkdir -p "$MK_DIR"
+  start_daemon mk-etcd "$ETCD_BIN/etcd" --name kubetf-mk --data-dir "$MK_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$MK_ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$MK_ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$((MK_ETCD_PORT + 1))" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$((MK_ETCD_PORT + 1))" \
+    --initial-cluster "kubetf-mk=http://127.0.0.1:$((MK_ETCD_PORT + 1))" --quota-backend-bytes 1073741824 \
+    --unsafe-no-fsync --log-level warn
+  wait_for 60 "the MultiKueue etcd" curl -sf "http://127.0.0.1:$MK_ETCD_PORT/health"
+}
+# GOGC=50: an API server that applied Kueue's CRDs (large schemas, many CEL rules) kept 420-440 MB resident, and
+# 310 MB with GOGC=50 (270 MB without the CRDs; GOMEMLIMIT=250MiB alone: no change), at the price of more frequent
+# collections in processes that are mostly idle.
+mk_start_apiserver() {  # mk_start_apiserver PLANE (returns at once; mk_apiserver_ready waits)
+  local plane=$1 PKI="$MK_DIR/$1/pki"
+  start_daemon "$plane-kube-apiserver" env GOGC=50 "$K8S_BIN/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$MK_ETCD_PORT" --etcd-prefix="/kubetf-$plane" \
+    --advertise-address="$NODE_IP" --bind-address=0.0.0.0 --secure-port="$(mk_port "$plane" 443)" \
+    --authorization-mode=RBAC \
+    --client-ca-file="$PKI/ca.crt" --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+    --service-cluster-ip-range="$(mk_service_cidr "$plane")" --endpoint-reconciler-type=lease \
+    --enable-aggregator-routing=true --profiling=false --v=1
+}
+mk_apiserver_ready() { wait_for 120 "the $1 kube-apiserver" mkc "$1" get --raw /readyz; }
+mk_start_controllers() {  # mk_start_controllers PLANE: what a control plane without nodes needs of the controllers
+  local plane=$1 PKI="$MK_DIR/$1/pki" kcfg="$MK_DIR/$1/controller-manager.kubeconfig"
+  start_daemon "$plane-kube-controller-manager" "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig="$kcfg" --authentication-kubeconfig="$kcfg" --authorization-kubeconfig="$kcfg" \
+    --bind-address=127.0.0.1 --secure-port="$(mk_port "$plane" 257)" --leader-elect=false \
+    --use-service-account-credentials=true --root-ca-file="$PKI/ca.crt" \
+    --service-account-private-key-file="$PKI/sa.key" \
+    --controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,clusterrole-aggregation-controller \
+    --profiling=false --v=1
+}
+mk_controllers_ready() { wait_for 60 "the default ServiceAccount on $1" mkc "$1" -n default get serviceaccount default; }
+token_kubeconfig() {  # token_kubeconfig FILE SERVER CA_FILE TOKEN NAME: inline CA and token, as MultiKueue wants them
+  local f=$1 server=$2 ca=$3 token=$4 name=$5
+  (umask 077; cat >"$f" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: $name
+  cluster:
+    server: $server
+    certificate-authority-data: $(base64 -w0 "$ca")
+users:
+- name: $name
+  user:
+    token: $token
+contexts:
+- name: $name
+  context: {cluster: $name, user: $name}
+current-context: $name
+EOF
+  )
+}
+sa_token() {  # sa_token PLANE NAMESPACE SECRET: the token the controller-manager wrote into a service-account-token Secret
+  local t
+  t="$(mkc "$1" -n "$2" get secret "$3" -o jsonpath='{.data.token}')" && [[ -n $t ]] && base64 -d <<<"$t"
+}
+KUBETF_CRD="$HERE/../../operator/kubetf/crd/trainingjobs.kubetf.io.yaml"
+mk_kueue_render() {  # Kueue's manifests for a host-process Kueue (the same on both planes) on stdout
+  local tmp rc=0; tmp="$(mktemp -d)"
+  cp -r "$KUEUE_DIR/config" "$tmp/config"
+  cp -r "$HERE/kueue" "$tmp/config/kubetf"
+  mkdir -p "$tmp/config/host"
+  # No Deployment (Kueue runs on the host, its Configuration a file there), no visibility API (VisibilityOnDemand is
+  # off: see mk_kueue_config), no metrics Service; the webhook Service without a selector: the EndpointSlice below.
+  local gone=("apps/v1 Deployment kueue-controller-manager" "v1 ConfigMap kueue-manager-config"
+    "v1 Service kueue-visibility-server" "v1 Service kueue-controller-manager-metrics-service"
+    "apiregistration.k8s.io/v1 APIService v1beta1.visibility.kueue.x-k8s.io"
+    "apiregistration.k8s.io/v1 APIService v1beta2.visibility.kueue.x-k8s.io") g
+  {
+    echo "resources: [../kubetf]"
+    echo "patches:"
+    for g in "${gone[@]}"; do
+      read -r -a g <<<"$g"
+      printf -- "- patch: |-\n    {\$patch: delete, apiVersion: %s, kind: %s, metadata: {name: %s, namespace: %s}}\n" \
+        "${g[0]}" "${g[1]}" "${g[2]}" "$KUEUE_NS"
+    done
+    printf -- '- patch: |-\n    {apiVersion: v1, kind: Service, metadata: {name: kueue-webhook-service, namespace: %s}, spec: {selector: null}}\n' \
+      "$KUEUE_NS"
+  } >"$tmp/config/host/kustomization.yaml"
+  kc kustomize "$tmp/config/host" || rc=$?
+  rm -rf "$tmp"
+  return $rc
+}
+mk_kueue_render_all() {  # once for both planes
+  mkdir -p "$MK_DIR"
+  mk_kueue_render >"$MK_DIR/kueue.yaml.tmp" || die "kubectl kustomize of Kueue's config failed"
+  mv "$MK_DIR/kueue.yaml.tmp" "$MK_DIR/kueue.yaml"
+}
+mk_plane_manifests() {  # mk_plane_manifests PLANE: what the plane gets: Kueue's objects, its EndpointSlice, kubetf's CRD
+  cat "$MK_DIR/kueue.yaml"
+  cat <<EOF
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kueue-webhook-service-host
+  namespace: $KUEUE_NS
+  labels: {kubernetes.io/service-name: kueue-webhook-service, endpointslice.kubernetes.io/managed-by: local-cluster.kubetf.io}
+addressType: IPv4
+ports: [{name: "", port: $(mk_port "$1" 444), protocol: TCP}]   # the Service's port is unnamed
+endpoints: [{addresses: ["$NODE_IP"], conditions: {ready: true}}]
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: kueue-controller-manager-token
+  namespace: $KUEUE_NS
+  annotations: {kubernetes.io/service-account.name: kueue-controller-manager}
+type: kubernetes.io/service-account-token
+---
+EOF
+  # kubetf's CRD: Kueue watches TrainingJobs (externalFrameworks; on the manager, MultiKueue's adapter)
+  cat "$KUBETF_CRD"
+}
+mk_kueue_config() {  # mk_kueue_config PLANE: kueue/controller_manager_config.yaml with the plane's own settings
+  local plane=$1 own=(health metrics webhook leaderElection featureGates multiKueue)
+  [[ $plane != manager ]] || own+=(integrations)
+  # the shared file without the top-level keys set below
+  python3 - "$HERE/kueue/controller_manager_config.yaml" "${own[@]}" <<'PY'
+import re, sys
+skip = False
+for line in open(sys.argv[1]):
+    key = re.match(r"([A-Za-z]\w*):", line)
+    if key:
+        skip = key.group(1) in sys.argv[2:]
+    if not skip:
+        sys.stdout.write(line)
+PY
+  cat <<EOF
+# ---- the $plane control plane of local-cluster.sh multikueue: Kueue as a host process
+health: {healthProbeBindAddress: "127.0.0.1:$(mk_port "$plane" 446)"}
+metrics: {bindAddress: "127.0.0.1:$(mk_port "$plane" 445)"}
+webhook: {host: "$NODE_IP", port: $(mk_port "$plane" 444), certDir: "$MK_DIR/$plane/kueue-certs"}
+# One process, which nothing restarts: it must not stop when it loses a lease (an API server restart).
+leaderElection: {leaderElect: false}
+# The visibility API (an aggregated API server): its certificate directory, /visibility, is fixed in Kueue 0.19, so
+# two on one host would share it, and an APIService nobody answers holds every namespace deletion. Unused here.
+featureGates: {VisibilityOnDemand: false}
+EOF
+  [[ $plane == manager ]] || return 0
+  cat <<EOF
+# A MultiKueue manager connects to a worker only once it watches there every kind it has an adapter for, i.e. every
+# integration enabled here that MultiKueue supports (MPIJob, RayCluster, JobSet, AppWrapper, TrainJob,
+# LeaderWorkerSet, ...: "no matches for kind", MultiKueueCluster Active=False). The workers have none of those CRDs:
+# the manager dispatches batch Jobs and TrainingJobs only.
+integrations:
+  frameworks: ["batch/job"]
+  externalFrameworks: ["$MK_FRAMEWORK"]
+# The generic MultiKueue adapter for kubetf's TrainingJob (gates MultiKueue and MultiKueueAdaptersForCustomJobs: on by
+# default). gcInterval (1m) and workerLostTimeout (15m): Kueue's defaults.
+multiKueue:
+  externalFrameworks:
+  - name: "$MK_FRAMEWORK"
+EOF
+}
+mk_kueue_certs() {  # mk_kueue_certs PLANE: the webhook Secret's certificate and key where Kueue's webhook server reads them
+  local dir="$MK_DIR/$1/kueue-certs" crt key f
+  crt="$(mkc "$1" -n "$KUEUE_NS" get secret kueue-webhook-server-cert -o jsonpath='{.data.tls\.crt}')" || return 1
+  key="$(mkc "$1" -n "$KUEUE_NS" get secret kueue-webhook-server-cert -o jsonpath='{.data.tls\.key}')" || return 1
+  [[ -n $crt && -n $key ]] || return 1
+  [[ "$(base64 -w0 "$dir/tls.crt" 2>/dev/null)" == "$crt" && "$(base64 -w0 "$dir/tls.key" 2>/dev/null)" == "$key" ]] \
+    && return 0
+  mkdir -p "$dir"
+  (umask 077; base64 -d <<<"$key" >"$dir/tls.key.tmp"; base64 -d <<<"$crt" >"$dir/tls.crt.tmp")
+  for f in tls.key tls.crt; do mv "$dir/$f.tmp" "$dir/$f"; done
+}
+mk_kueue_objects() {  # mk_kueue_objects PLANE: Kueue's objects on the plane, its kubeconfig and Configuration
+  local plane=$1 dir="$MK_DIR/$1"
+  mk_plane_manifests "$plane" >"$dir/manifests.yaml.new"
+  # applied again only when they changed (server-side apply of Kueue's CRDs: 2-5 s a plane)
+  if cmp -s "$dir/manifests.yaml.new" "$dir/manifests.yaml" && mkc "$plane" get crd workloads.kueue.x-k8s.io \
+    trainingjobs.kubetf.io >/dev/null 2>&1; then
+    rm -f "$dir/manifests.yaml.new"
+  else
+    mkc "$plane" apply --server-side --force-conflicts --field-manager=kubetf-local-cluster \
+      -f "$dir/manifests.yaml.new" >/dev/null
+    mkc "$plane" wait --for=condition=Established --timeout=60s crd -l app.kubernetes.io/name=kueue >/dev/null
+    mv "$dir/manifests.yaml.new" "$dir/manifests.yaml"
+  fi
+  wait_for 60 "the token of kueue-controller-manager on $plane" sa_token "$plane" "$KUEUE_NS" kueue-controller-manager-token
+  token_kubeconfig "$dir/kueue.kubeconfig" "https://127.0.0.1:$(mk_port "$plane" 443)" "$dir/pki/ca.crt" \
+    "$(sa_token "$plane" "$KUEUE_NS" kueue-controller-manager-token)" "kueue-$plane"
+  mk_kueue_config "$plane" >"$dir/kueue-config.yaml"
+}
+mk_kueue_run() {  # mk_kueue_run PLANE: start Kueue, or restart it if its binary, Configuration or kubeconfig changed
+  local plane=$1 dir="$MK_DIR/$1" stamp
+  stamp="$(stat -c %s-%Y "$KUEUE_DIR/kueue")-$(cat "$dir/kueue-config.yaml" "$dir/kueue.kubeconfig" | sha256sum | cut -c1-16)"
+  if ! running "$plane-kueue" || [[ "$(cat "$dir/kueue.stamp" 2>/dev/null)" != "$stamp" ]]; then
+    stop_daemon "$plane-kueue"
+    mk_kueue_certs "$plane" || true   # a Secret Kueue filled before: its files are there when it starts
+    start_daemon "$plane-kueue" "$KUEUE_DIR/kueue" --config="$dir/kueue-config.yaml" \
+      --kubeconfig="$dir/kueue.kubeconfig" --zap-log-level=2
+    echo "$stamp" >"$dir/kueue.stamp"
+  fi
+}
+mk_kueue_ready() {  # mk_kueue_ready PLANE
+  local plane=$1
+  # Kueue makes its certificate (Secret kueue-webhook-server-cert) then waits, 1-2-4-... s, for the files
+  wait_for 120 "Kueue's webhook certificate on $plane" mk_kueue_certs "$plane"
+  wait_for 120 "Kueue's webhooks on $plane (log $LOGS/$plane-kueue.log)" kueue_webhooks_answer mkc "$plane"
+}
+mk_worker_rbac() {  # what the manager may do on a worker (Kueue's docs' role, for batch Jobs and TrainingJobs only)
+  cat <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: $MK_WORKER_SA, namespace: $KUEUE_NS}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: $MK_WORKER_SA-token
+  namespace: $KUEUE_NS
+  annotations: {kubernetes.io/service-account.name: $MK_WORKER_SA}
+type: kubernetes.io/service-account-token
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: $MK_WORKER_SA-role}
+rules:
+- {apiGroups: [batch], resources: [jobs], verbs: [create, delete, get, list, watch]}
+- {apiGroups: [batch], resources: [jobs/status], verbs: [get]}
+- {apiGroups: [kubetf.io], resources: [trainingjobs], verbs: [create, delete, get, list, watch]}
+- {apiGroups: [kubetf.io], resources: [trainingjobs/status], verbs: [get]}
+- {apiGroups: [kueue.x-k8s.io], resources: [workloads], verbs: [create, delete, get, list, watch, update, patch]}
+- {apiGroups: [kueue.x-k8s.io], resources: [workloads/status], verbs: [get, patch, update]}
+- {apiGroups: [kueue.x-k8s.io], resources: [clusterqueues, localqueues], verbs: [get, list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: $MK_WORKER_SA-crb}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: $MK_WORKER_SA-role}
+subjects: [{kind: ServiceAccount, name: $MK_WORKER_SA, namespace: $KUEUE_NS}]
+EOF
+}
+mk_connect() {  # mk_connect WORKER: its ServiceAccount, a kubeconfig Secret on the manager, MultiKueueCluster WORKER
+  local w=$1 server ca kcfg="$MK_DIR/$1-multikueue.kubeconfig"
+  if [[ $w == worker1 ]]; then server="https://$NODE_IP:6443"; ca="$PKI/ca.crt"
+  else server="https://$NODE_IP:$(mk_port "$w" 443)"; ca="$MK_DIR/$w/pki/ca.crt"; fi
+  # the manager lists and watches TrainingJobs on every worker; worker1's CRD is the tests' (left alone if there)
+  if [[ $w == worker1 ]] && ! kc get crd trainingjobs.kubetf.io >/dev/null 2>&1; then
+    kc apply --server-side --field-manager=kubetf-local-cluster -f "$KUBETF_CRD" >/dev/null
+  fi
+  mk_worker_rbac | mkc "$w" apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f - >/dev/null
+  wait_for 60 "the token of $MK_WORKER_SA on $w" sa_token "$w" "$KUEUE_NS" "$MK_WORKER_SA-token"
+  token_kubeconfig "$kcfg" "$server" "$ca" "$(sa_token "$w" "$KUEUE_NS" "$MK_WORKER_SA-token")" "$w"
+  mkc manager -n "$KUEUE_NS" create secret generic "multikueue-$w" --from-file=kubeconfig="$kcfg" \
+    --dry-run=client -o yaml | mkc manager apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f - >/dev/null
+  mkc manager apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f - >/dev/null <<EOF
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: MultiKueueCluster
+metadata: {name: $w}
+spec: {clusterSource: {kubeConfig: {locationType: Secret, location: multikueue-$w}}}
+EOF
+}
+mk_cluster_condition() {  # mk_cluster_condition WORKER FIELD: a field of MultiKueueCluster WORKER's Active condition
+  mkc manager get multikueuecluster "$1" -o jsonpath="{.status.conditions[?(@.type==\"Active\")].$2}" 2>/dev/null
+}
+mk_active() {  # mk_active WORKER...: wait until each MultiKueueCluster is Active (its message if not, in time)
+  local w t0=$SECONDS
+  for w in "$@"; do
+    until [[ "$(mk_cluster_condition "$w" status)" == True ]]; do
+      ((SECONDS - t0 < 120)) || die "MultiKueueCluster $w is not Active after 120s:" \
+        "$(mk_cluster_condition "$w" reason): $(mk_cluster_condition "$w" message) (log $LOGS/manager-kueue.log)"
+      sleep 0.5
+    done
+  done
+}
+mk_up() {
+  local p
+  for p in "${MK_PLANES[@]}"; do mk_pki "$p"; done
+  stage mk-etcd mk_start_etcd
+  stage mk-apiservers mk_apiservers
+  stage mk-controllers mk_controllers
+  stage mk-kueue-render mk_kueue_render_all
+  stage mk-kueue mk_kueues
+  stage mk-connect mk_connect_all
+}
+mk_apiservers() {  # side by side: each spends most of its start building its API
+  local p
+  for p in "${MK_PLANES[@]}"; do mk_start_apiserver "$p"; done
+  for p in "${MK_PLANES[@]}"; do mk_apiserver_ready "$p"; done
+}
+mk_controllers() {
+  local p
+  for p in "${MK_PLANES[@]}"; do mk_start_controllers "$p"; done
+  for p in "${MK_PLANES[@]}"; do mk_controllers_ready "$p"; done
+}
+mk_kueues() {  # both start together once both planes have their objects (Kueue polls for its certificate files at
+  local p      # growing intervals: the sooner they are there, the sooner it serves)
+  for p in "${MK_PLANES[@]}"; do mk_kueue_objects "$p"; done
+  for p in "${MK_PLANES[@]}"; do mk_kueue_run "$p"; done
+  for p in "${MK_PLANES[@]}"; do mk_kueue_ready "$p"; done
+}
+mk_connect_all() { mk_connect worker1; mk_connect worker2; mk_active worker1 worker2; }
+mk_stop() {  # etcd last: an API server stopped together with its etcd waited for it for minutes (until SIGKILL)
+  local d
+  mapfile -t d < <(mk_daemons | grep -vx mk-etcd)
+  stop_daemon "${d[@]}"
+  stop_daemon mk-etcd
+}
+mk_cleanup_worker1() {  # what the manager and this script left on worker1 (nobody would remove it any more)
+  kc get --raw /readyz >/dev/null 2>&1 || return 0
+  local kind sel="kueue.x-k8s.io/multikueue-origin=$MK_ORIGIN"
+  for kind in jobs.batch trainingjobs.kubetf.io workloads.kueue.x-k8s.io; do
+    kc delete "$kind" -A -l "$sel" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  done
+  mk_worker_rbac | kc delete --ignore-not-found -f - >/dev/null 2>&1 || true
+}
+mk_down() {
+  stage mk-stop mk_stop
+  stage mk-cleanup-worker1 mk_cleanup_worker1
+  rm -rf --one-file-system "$MK_DIR"
+  rm -f "$(mk_kubeconfig manager)" "$(mk_kubeconfig worker2)"
+}
+mk_status() {  # the MultiKueue planes, if any
+  local d any=0
+  for d in $(mk_daemons); do [[ -f "$RUN/$d.pid" ]] && any=1; done
+  ((any)) || [[ -d $MK_DIR ]] || return 0
+  for d in $(mk_daemons); do
+    if running "$d"; then echo "$d: running (pid $(pid_of "$d"))"; else echo "$d: stopped"; fi
+  done
+  if [[ -f "$MK_DIR/stamp" ]]; then echo "multikueue started as: $(cat "$MK_DIR/stamp")"; fi
+  mkc manager get multikueueclusters 2>/dev/null \
+    -o custom-columns='MULTIKUEUECLUSTER:.metadata.name,ACTIVE:.status.conditions[?(@.type=="Active")].status,REASON:.status.conditions[?(@.type=="Active")].reason' \
+    || echo "manager: not answering"
+}
+cmd_multikueue() {
+  cluster_ok || die "the cluster is not up (local-cluster.sh up first)"
+  kc -n "$KUEUE_NS" get deployment kueue-controller-manager >/dev/null 2>&1 && kueue_webhooks_answer kc \
+    || die "Kueue does not answer in this cluster, MultiKueue's worker1 (local-cluster.sh kueue first)"
+  lock
+  NODE_IP="$(node_ip)"; [[ -n "$NODE_IP" ]] || die "cannot find this host's IP"
+  if [[ -f "$MK_DIR/stamp" && "$(cat "$MK_DIR/stamp")" != "$(mk_stamp)" ]]; then
+    log "the MultiKueue planes were started as '$(cat "$MK_DIR/stamp")', not '$(mk_stamp)': replacing them"
+    mk_down
+  fi
+  stage mk-build mk_build
+  mk_up
+  mk_stamp >"$MK_DIR/stamp"
+  log "MultiKueue up in $((SECONDS - T_START))s: manager https://$NODE_IP:$(mk_port manager 443)," \
+    "worker2 https://$NODE_IP:$(mk_port worker2 443), worker1 this cluster; MultiKueueClusters worker1, worker2 Active"
+  cmd_env
+}
+cmd_multikueue_down() {
+  lock
+  local t0=$SECONDS
+  mk_down
+  log "MultiKueue down in $((SECONDS - t0))s"
+}
+
 # ---------------------------------------------------------------- commands
 check_skew() {  # Kubernetes' version-skew policy: a kubelet and kube-proxy no newer than the API server, at most
   # three minor versions older
@@ -1291,6 +1741,7 @@ cmd_down() {
   local d
   [[ "${LOCKED:-}" ]] || lock_unreserved
   mkdir -p "$RUN"
+  mk_stop   # the MultiKueue planes, if any (their state goes with $STATE)
   stop_daemon kwok
   stop_daemon hostpath-provisioner coredns kube-proxy kubelet kube-scheduler kube-controller-manager
   if running containerd; then purge_containers; fi
@@ -1330,6 +1781,7 @@ cmd_status() {
   else
     echo "cluster: not up"; rc=1
   fi
+  mk_status
   return $rc
 }
 cmd_apiserver_restart() {  # every client (kubelet, controllers, kwok, the operator) loses its watches meanwhile
@@ -1371,6 +1823,11 @@ cmd_env() {
   echo "export KUBECONFIG=$KUBECONFIG_PATH"
   echo "export PATH=$BIN_DIR:\$PATH"
   echo "export KUBETF_CLUSTER_LOGS=$LOGS"
+  if [[ -s "$(mk_kubeconfig manager)" ]]; then  # after `multikueue`: the three clusters' admin kubeconfigs
+    echo "export KUBETF_MANAGER_KUBECONFIG=$(mk_kubeconfig manager)"
+    echo "export KUBETF_WORKER1_KUBECONFIG=$KUBECONFIG_PATH"
+    echo "export KUBETF_WORKER2_KUBECONFIG=$(mk_kubeconfig worker2)"
+  fi
 }
 
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0   # sourced: functions only
@@ -1406,5 +1863,7 @@ case "${1:-}" in
   volcano-delete) cluster_ok || die "the cluster is not up"; lock; stage volcano-delete delete_volcano ;;
   volcano-build) stage volcano-build build_volcano_image ;;
   apiserver-restart) shift; cmd_apiserver_restart "$@" ;;
+  multikueue) cmd_multikueue ;;
+  multikueue-down) cmd_multikueue_down ;;
   *) sed -n '2,/^set -euo/{/^#/p;}' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
