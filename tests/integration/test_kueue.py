@@ -143,20 +143,24 @@ def test_an_evicted_worker_restarts_the_group_under_the_same_admission(cluster, 
 
 
 def test_a_finished_ps_job_gives_its_quota_back_within_a_second(cluster, namespace, queue):
-    job = cluster.create_job(namespace, "ps", gpu_job(ps_spec(), gpus=0), **labelled(queue))
+    """Its ps and workers never exit by themselves: the Workload finishes with the job, not with its last pod, and
+    the next job waiting for the quota is admitted."""
+    spec = gpu_job(ps_spec(), gpus=0)
+    spec["replicaSpecs"]["chief"]["gpus"] = 2  # the queue's 2 GPUs
+    job = cluster.create_job(namespace, "ps", spec, **labelled(queue))
     admitted(cluster, namespace, "ps", 4, "admitted", 30)
     cluster.run_all(namespace, "ps", 4)
     cluster.wait_phase(namespace, "ps", "Running")
-    wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 1, 10, "the ClusterQueue to count the job")
+    cluster.create_job(namespace, "next", two_workers(), **labelled(queue))  # 2 GPUs too: it waits
+    wait_for(lambda: "insufficient" in str(cluster.status(namespace, "next").get("conditions")), 30, "next waiting")
     cluster.exit(cluster.live_pods(namespace, "ps")["ps-chief-0"], 0)
-    cluster.wait_phase(namespace, "ps", "Succeeded")
+    cluster.wait_phase(namespace, "ps", "Succeeded", timeout=10)
     ended = time.monotonic()
-    # The ps and workers never exit by themselves: the Workload finishes with the job, not with its last pod.
-    wait_for(lambda: queue.cq()["status"].get("reservingWorkloads") == 0, 1, "the ClusterQueue's usage back to 0")
-    print(f"\nquota released {time.monotonic() - ended:.2f}s after the job succeeded")
-    workload = queue.workload(job)
-    assert workload_condition(workload, "Finished") == ("True", "Succeeded")
-    assert kueue.FINALIZER not in (workload["metadata"].get("finalizers") or [])
+    wait_for(lambda: workload_condition(queue.workload(job), "Finished") == ("True", "Succeeded"), 1, "Finished")
+    finished = time.monotonic() - ended
+    admitted(cluster, namespace, "next", 2, "next admitted once ps's quota is back", 10)  # ... free again
+    print(f"\nps Succeeded -> its Workload Finished {finished:.2f}s -> next admitted {time.monotonic() - ended:.2f}s")
+    assert kueue.FINALIZER not in (queue.workload(job)["metadata"].get("finalizers") or [])
 
 
 @pytest.mark.parametrize("how", ["delete", "suspend"])

@@ -148,6 +148,7 @@ def test_a_queued_job_makes_its_workload_and_no_pod():
     assert worker["metadata"]["labels"][api.LABEL_ROLE] == "worker"
     assert sim.status["phase"] == "Queued" and sim.condition()["reason"] == "Queued"
     assert "queuedSince" in sim.status and "activeSince" not in sim.status  # no timer counts while queued
+    assert "PodsReady" not in conditions(workload)  # none before the first admission: Kueue reads it as WaitForStart
     assert sim.step().create == [] and len(sim.api.kueue["workloads"]) == 1  # made once
 
 

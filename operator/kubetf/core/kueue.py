@@ -495,8 +495,11 @@ class StatusWrite:
     def pods_ready(self, admitted: bool, ready: bool) -> None:
         """The PodsReady condition (generatePodsReadyCondition): True (Started, or Recovered after a recovery) when
         all of the job's pods run and are ready; False WaitForStart before and while not admitted, WaitForRecovery
-        once an admitted job lost one. Written only when its status or reason changes."""
+        once an admitted job lost one. Written only when its status or reason changes, and not before the first
+        admission: Kueue reads no condition as WaitForStart (a write per new Workload saved)."""
         before_status, before_reason = self._has("PodsReady"), self._has("PodsReady", "reason")
+        if not admitted and before_status is None:
+            return
         if admitted and ready:
             reason = "Recovered" if before_reason in ("WaitForRecovery", "Recovered") else "Started"
             new = {"type": "PodsReady", "status": "True", "reason": reason,
