@@ -196,6 +196,9 @@ close_inherited_fds() {
     ((fd > 2)) && eval "exec $fd>&-" 2>/dev/null || true
   done
 }
+exited() {  # exited PID: gone, or a zombie (PID 1 here reaps orphans a second or more after they exit)
+  [[ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" == @(Z|X|) ]]
+}
 stop_daemon() {  # stop_daemon NAME...: SIGTERM all, wait up to 10s, then SIGKILL what is left
   local name p i pids=()
   for name in "$@"; do
@@ -204,7 +207,7 @@ stop_daemon() {  # stop_daemon NAME...: SIGTERM all, wait up to 10s, then SIGKIL
   done
   for i in $(seq 1 40); do
     local alive=0
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    for p in "${pids[@]}"; do exited "$p" || alive=1; done
     ((alive)) || break
     sleep 0.25
   done
@@ -1601,11 +1604,16 @@ mk_status() {  # the MultiKueue planes, if any
     -o custom-columns='MULTIKUEUECLUSTER:.metadata.name,ACTIVE:.status.conditions[?(@.type=="Active")].status,REASON:.status.conditions[?(@.type=="Active")].reason' \
     || echo "manager: not answering"
 }
+mk_lock() {  # the cluster's lock, saying how long another local-cluster.sh held it (the cluster is shared)
+  local t0=$SECONDS
+  lock
+  ((SECONDS - t0 < 2)) || log "waited $((SECONDS - t0))s for $LOCK (another local-cluster.sh held it)"
+}
 cmd_multikueue() {
   cluster_ok || die "the cluster is not up (local-cluster.sh up first)"
   kc -n "$KUEUE_NS" get deployment kueue-controller-manager >/dev/null 2>&1 && kueue_webhooks_answer kc \
     || die "Kueue does not answer in this cluster, MultiKueue's worker1 (local-cluster.sh kueue first)"
-  lock
+  mk_lock
   NODE_IP="$(node_ip)"; [[ -n "$NODE_IP" ]] || die "cannot find this host's IP"
   if [[ -f "$MK_DIR/stamp" && "$(cat "$MK_DIR/stamp")" != "$(mk_stamp)" ]]; then
     log "the MultiKueue planes were started as '$(cat "$MK_DIR/stamp")', not '$(mk_stamp)': replacing them"
@@ -1619,7 +1627,7 @@ cmd_multikueue() {
   cmd_env
 }
 cmd_multikueue_down() {
-  lock
+  mk_lock
   local t0=$SECONDS
   mk_down
   log "MultiKueue down in $((SECONDS - t0))s"

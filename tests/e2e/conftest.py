@@ -191,9 +191,14 @@ def namespace(installed):
 def delete_namespace(cluster: Cluster, name: str) -> None:
     """Delete a test's namespace and stop its pods at once: a program that swallows SIGTERM (the guide's MWMS loop
     does) went on training through its 120 s grace period, on the cores the next tests needed. Once the namespace is
-    terminating no pod can be created in it, so none is recreated meanwhile."""
-    cluster.core.delete_namespace(name)
-    cluster.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    terminating no pod can be created in it, so none is recreated meanwhile. Already deleted (a fixture of the test
+    deleted it and waited for it to go) is fine."""
+    try:
+        cluster.core.delete_namespace(name)
+        cluster.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    except ApiException as error:
+        if error.status not in (404, 409):
+            raise
 
 
 def _service_account(cluster: Cluster, namespace: str):

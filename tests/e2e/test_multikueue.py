@@ -20,7 +20,7 @@ from tests.cluster.fixture import wait_for
 from tests.cluster.queues import is_admitted
 from tests.integration.conftest import Cluster, Operator
 
-from .conftest import columns, elapsed, sample
+from .conftest import columns, delete_namespace, elapsed, sample
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("multikueue")]
 
@@ -108,9 +108,9 @@ def dispatching(planes, manager_operator, namespace) -> Iterator[str]:
     for cluster in planes.values():
         wait_for(lambda cluster=cluster: active(cluster, "clusterqueues"), 60, "the ClusterQueues Active")
     yield name
-    for plane, cluster in planes.items():
-        if plane != "worker1":  # the e2e fixture deletes worker1's namespace
-            cluster.core.delete_namespace(namespace)
+    # Worker1 is the e2e tier's cluster: its namespace fixture would delete the namespace only after this teardown.
+    for cluster in planes.values():
+        delete_namespace(cluster, namespace)
     for plane, cluster in planes.items():
         wait_for(lambda cluster=cluster: _gone(cluster, namespace), 120, f"namespace {namespace} gone on {plane}")
         for plural in ("clusterqueues", "resourceflavors"):
