@@ -94,6 +94,11 @@ class KubeCluster:
             pytest.fail("local-cluster.sh env names no MultiKueue kubeconfigs:\n" + "".join(lines[-30:]), pytrace=False)
         return found
 
+    def remove_multikueue(self) -> None:
+        """MultiKueue's two control planes stopped (`local-cluster.sh multikueue-down`): idle, they still took a share
+        of the machine's two cores from every test after theirs."""
+        _run_script("multikueue-down")
+
     def install_volcano(self) -> None:
         """Make sure Volcano's scheduler and queue-controller run (idempotent; ~2 s when they already do).
 

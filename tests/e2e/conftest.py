@@ -35,6 +35,9 @@ RELEASE = "kubetf"
 CHART_VALUES = ("--set", "progress.writeSeconds=5", "--set", "progress.stallSeconds=60")
 
 
+TROUBLE = re.compile(r'"severity": "(warning|error|critical)"|leader|lease', re.I)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/e2e/" in str(item.fspath):
@@ -55,6 +58,11 @@ def pytest_runtest_makereport(item, call):
                 about = [line for line in lines if namespace in line][-100:]
                 if about:
                     report.sections.append((f"operator {pod.metadata.name} log about {namespace}", "\n".join(about)))
+                # What stops every job's reconciles at once: a lease lost or won, a warning, an error.
+                troubles = [line for line in lines if TROUBLE.search(line) and namespace not in line][-30:]
+                if troubles:
+                    title = f"operator {pod.metadata.name} leadership, warnings, errors"
+                    report.sections.append((title, "\n".join(troubles)))
             for pod in cluster.core.list_namespaced_pod(namespace).items:  # what the training programs saw
                 log = cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=40) or ""
                 report.sections.append((f"pod {pod.metadata.name} log (last 40 lines)", log))

@@ -99,7 +99,9 @@ def test_a_preempted_job_queues_again_past_its_startup_timeout_and_resumes_from_
     and resumes from its checkpoint; the time it waited is not counted as active."""
     cluster = installed
     timeout = 30
-    low = mnist("low", queue, epochs=6, priority="kubetf-e2e-low")
+    # 30 epochs of ~1.5 s: Kueue must preempt low before it ends, and with 6 (epoch 2 to the end in 18 s) low once
+    # finished first on a loaded machine.
+    low = mnist("low", queue, epochs=30, priority="kubetf-e2e-low")
     low["spec"]["runPolicy"]["startupTimeoutSeconds"] = timeout
     submit(cluster, namespace, low)
     wait_epoch(cluster, namespace, "low-worker-0", 2, "two epochs of low (a checkpoint to resume from)", timeout=600)
