@@ -298,6 +298,13 @@ def chain_phase(cluster: Cluster, namespace: str, state: Jobs, length: int) -> N
                     f"{c['type']} {c.get('reason')}" for c in workload.get("conditions") or [] if c["status"] == "True"
                 ]
             out(f"  inversion: {job} runs while c-{highest} waits, its pods: {pods}; its Workload: {true}")
+        # Its status says Running before its chief ends: a phase still Queued from before this admission was taken
+        # for the end of the run (the job never counted as finished: every later job was an "inversion").
+        wait(
+            lambda job=job: state.phases.get(job) == "Running" or not state.running(job),  # (or preempted meanwhile)
+            60,
+            f"{job}'s status to say Running",
+        )
         with contextlib.suppress(ApiException):  # preempted meanwhile: its pods are going
             cluster.core.patch_namespaced_pod(
                 f"{job}-chief-0", namespace, {"metadata": {"annotations": {kwok.EXIT_CODE: "0"}}}

@@ -17,7 +17,7 @@ from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, is_admitted, make_flavor, priority_classes
 
-from .conftest import elapsed, progress, sample, wait_epoch
+from .conftest import elapsed, progress, sample, wait_progress
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,9 @@ def queue(installed, namespace, kueue_installed):
     made.delete()
 
 
-def mnist(name: str, queue: Queue, epochs: int, priority: str | None = None) -> dict:
-    """The MNIST sample on 2 workers of 1 GPU each (the queue's whole quota), in `queue`."""
+def mnist(name: str, queue: Queue, epochs: int, priority: str | None = None, hold_after_epoch: int = 0) -> dict:
+    """The MNIST sample on 2 workers of 1 GPU each (the queue's whole quota), in `queue`; with `hold_after_epoch`,
+    its workers wait after that epoch (kubetf_trainer's Hold: until released or stopped)."""
     job = sample("mnist-mwms")
     job["metadata"] = {"name": name, "labels": {kueue.QUEUE_LABEL: queue.local}}
     if priority:
@@ -45,6 +46,8 @@ def mnist(name: str, queue: Queue, epochs: int, priority: str | None = None) -> 
     args = worker["template"]["spec"]["containers"][0]["args"]
     args[args.index("--epochs") + 1] = str(epochs)
     args[args.index("--steps-per-epoch") + 1] = "10"
+    if hold_after_epoch:
+        args += ["--hold-after-epoch", str(hold_after_epoch)]
     return job
 
 
@@ -99,12 +102,14 @@ def test_a_preempted_job_queues_again_past_its_startup_timeout_and_resumes_from_
     and resumes from its checkpoint; the time it waited is not counted as active."""
     cluster = installed
     timeout = 30
-    # 30 epochs of ~1.5 s: Kueue must preempt low before it ends, and with 6 (epoch 2 to the end in 18 s) low once
-    # finished first on a loaded machine.
-    low = mnist("low", queue, epochs=30, priority="kubetf-e2e-low")
+    # Held after epoch 2 until Kueue preempts it: free to run on, low once ended before a loaded Kueue preempted it.
+    low = mnist("low", queue, epochs=6, priority="kubetf-e2e-low", hold_after_epoch=2)
     low["spec"]["runPolicy"]["startupTimeoutSeconds"] = timeout
     submit(cluster, namespace, low)
-    wait_epoch(cluster, namespace, "low-worker-0", 2, "two epochs of low (a checkpoint to resume from)", timeout=600)
+    wait_progress(
+        cluster, namespace, "low-worker-0", lambda rs: any(r["kubetf"] == "held" for r in rs),
+        "low held after two epochs (a checkpoint to resume from)", timeout=600,
+    )  # fmt: skip
     submit(cluster, namespace, sleeper("high", queue, timeout + 20, priority="kubetf-e2e-high"))
     preempted = time.monotonic()
     status = cluster.wait_phase(namespace, "low", "Queued", timeout=120)

@@ -44,6 +44,12 @@ def add_arguments(
     )
     g.add_argument("--backup-freq", default="epoch", help="BackupAndRestore save_freq: 'epoch' or a number of steps")
     g.add_argument("--no-preemption-checkpoint", action="store_true", help="do not save on SIGTERM (MWMS/Mirrored)")
+    g.add_argument(
+        "--hold-after-epoch",
+        type=int,
+        default=None,
+        help="tests: wait after this epoch until $KUBETF_CHECKPOINT_DIR/release exists (or SIGTERM)",
+    )
     g.add_argument("--eval-steps", type=int, default=None, help="evaluator: batches per evaluation")
     g.add_argument(
         "--eval-idle-timeout",

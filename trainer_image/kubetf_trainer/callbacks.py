@@ -7,6 +7,7 @@ import glob
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -108,6 +109,34 @@ class Progress(ReportingMixin, tf.keras.callbacks.Callback):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if not self.started:  # everything was already done before this run (resumed at the end)
             self._start(self._epochs())
+
+
+class Hold(tf.keras.callbacks.Callback):
+    """Holds the program at the end of epoch ``after_epoch`` (1-based, its backup and progress line written) until
+    the file ``release`` exists, or SIGTERM ends it (exit 143: TensorFlow's own handler only notes the signal, and
+    nothing would save or step while held). For tests that need a job at a known point: preempted there, not racing
+    the end of training. A run resumed past that epoch never holds. Put it last in the callback list."""
+
+    def __init__(self, after_epoch: int, release: str, info: TaskInfo | None = None):
+        super().__init__()
+        self.after_epoch, self.release, self.info = after_epoch, release, info or task_info()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if epoch + 1 != self.after_epoch:
+            return
+        emit("held", self.info, epoch=self.after_epoch, release=self.release)
+        before = signal.signal(signal.SIGTERM, _exit_held)
+        try:
+            while not os.path.exists(self.release):
+                time.sleep(0.2)
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        emit("released", self.info, epoch=self.after_epoch)
+
+
+def _exit_held(signum: int, frame: Any) -> None:
+    sys.stdout.flush()
+    os._exit(SIGTERM_EXIT_CODE)
 
 
 class TensorBoard(tf.keras.callbacks.TensorBoard):

@@ -19,7 +19,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf
 
 from . import report
-from .callbacks import BackupAndRestore, Progress, TensorBoard
+from .callbacks import BackupAndRestore, Hold, Progress, TensorBoard
 from .env import TaskInfo, task_info
 from .progress import emit
 
@@ -46,6 +46,7 @@ def standard_callbacks(
     epoch_checkpoints: bool = True,
     tensorboard: bool = True,
     progress: bool = True,
+    hold_after_epoch: int | None = None,
 ) -> list[Any]:
     """The callbacks every kubetf example uses, in the order that matters:
 
@@ -56,7 +57,9 @@ def standard_callbacks(
     3. ``TensorBoard``: scalars per epoch in ``$KUBETF_CHECKPOINT_DIR/tensorboard`` (the chief; other
        workers write to a temporary directory),
     4. ``Progress``: JSON lines, printed after the epoch's backup is written, and progress reports to the
-       operator.
+       operator,
+    5. ``Hold`` (``hold_after_epoch``, for tests): the program waits after that epoch until the file
+       ``$KUBETF_CHECKPOINT_DIR/release`` exists or SIGTERM ends it.
     """
     info = info or task_info()
     out: list[Any] = []
@@ -77,6 +80,8 @@ def standard_callbacks(
         out.append(TensorBoard(info))
     if progress:
         out.append(Progress(info))
+    if hold_after_epoch is not None:
+        out.append(Hold(hold_after_epoch, os.path.join(info.checkpoint_dir, "release"), info))
     return out
 
 
