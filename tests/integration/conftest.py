@@ -239,9 +239,11 @@ class Cluster:
     def set_status(self, pod: dict, status: dict) -> None:
         meta = pod["metadata"]
         # The answer read, not parsed into the client's models (a Configuration per object: most of a test's CPU).
+        # The uid is a precondition: a pod made since under the same name (the next attempt) answers 422.
         _ = self.core.patch_namespaced_pod_status(
-            meta["name"], meta["namespace"], {"status": status}, _preload_content=False
-        ).data
+            meta["name"], meta["namespace"], {"metadata": {"uid": meta["uid"]}, "status": status},
+            _preload_content=False,
+        ).data  # fmt: skip
 
     @staticmethod
     def _container_status(pod: dict, state: dict, ready: bool) -> list[dict]:
