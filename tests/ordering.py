@@ -3,7 +3,8 @@ over runs) and the next run starts the longest first, so that a stage's xdist wo
 long test that happened to be collected last (the e2e day-one test, collected near the end, was the e2e stage's
 tail). Only the order changes, never what runs. A test the record does not know (new, or a fresh machine) goes first:
 it may be long. The tests of one xdist_group run on one worker: they stay together, placed by their sum. Tests
-marked `tensorflow` (their pods train: CPU-bound) alternate with the others (see `interleave`).
+marked `tensorflow` (their pods train: CPU-bound) alternate with the others (see `interleave`); tests marked `last`
+go after all others.
 
 xdist requires every worker to collect the same tests in the same order: its controller reads the record once and
 hands the same durations to every worker, so a record written meanwhile (the trainer tier ends beside another stage)
@@ -91,6 +92,7 @@ class Durations:
         units = list(grouped.values())
         ordered = interleave([(self.duration(unit), any(map(is_cpu_bound, unit))) for unit in units])
         items[:] = [item for index in ordered for item in units[index]]
+        items.sort(key=lambda item: item.get_closest_marker("last") is not None)  # (stable: the rest keep their order)
 
     def duration(self, unit: list[pytest.Item]) -> float:
         return sum(self.known.get(test_key(item.nodeid), math.inf) for item in unit)

@@ -24,7 +24,7 @@ from .conftest import columns, delete_namespace, elapsed, sample
 
 # Alone (make test's e2e stage of serial tests): bringing up two more API servers and Kueues took the machine's two
 # cores for a minute, and the timing-bound tests beside them failed (a job not Queued in 30 s, an ETA never shown).
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+pytestmark = [pytest.mark.e2e, pytest.mark.serial, pytest.mark.xdist_group("multikueue")]  # (the group: run together)
 
 QUEUE = "team-a"
 GROUP, VERSION = kueue.GROUP, kueue.VERSION
