@@ -1,5 +1,6 @@
 """Day one on a real cluster: install, train, preempt, resume (issue: helm, images, e2e)."""
 
+import contextlib
 import json
 import re
 import shutil
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from kubetf.cli import jobctl
 from tests.cluster.fixture import wait_for
 
 from .conftest import (
@@ -31,6 +33,26 @@ from .conftest import (
 )
 
 SCREENSHOTS = ROOT / ".test-results"
+
+
+class LogFollower(threading.Thread):
+    """One pod's log as it is written, followed until its container ends (that pod: a pod made later under the same
+    name is not followed): the trainer's records in it."""
+
+    def __init__(self, cluster, namespace: str, pod: str) -> None:
+        super().__init__(daemon=True)
+        self.response = cluster.core.read_namespaced_pod_log(pod, namespace, follow=True, _preload_content=False)
+        self.chunks: list[bytes] = []  # as they came: a line may span two
+        self.start()
+
+    def run(self) -> None:
+        with contextlib.suppress(Exception):  # the stream ends with the container, or breaks: what came is kept
+            for chunk in self.response.stream(decode_content=True):
+                self.chunks.append(chunk)
+
+    def records(self) -> list[dict]:
+        text = b"".join(list(self.chunks)).decode(errors="replace")
+        return [r for r in map(jobctl.progress_line, text.splitlines()) if r]
 
 
 class Columns(threading.Thread):
@@ -199,12 +221,15 @@ def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model
         text=True,
     )
     wait_epoch(cluster, namespace, "mnist-mwms-worker-0", 2, "two epochs done (a checkpoint to resume from)", 600)
+    # worker-1's log followed from before the eviction: read by name afterwards, it was the next attempt's pod's
+    # (without a native gang, on 1.35, the replacement came 3 s after the evicted pod exited).
+    followed = LogFollower(cluster, namespace, "mnist-mwms-worker-1")
     evicted = time.monotonic()
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "mnist-mwms-worker-1"}}
     cluster.core.create_namespaced_pod_eviction("mnist-mwms-worker-1", namespace, body)
 
     def saved() -> list[dict]:
-        return [r for r in progress(cluster, namespace, "mnist-mwms-worker-1") if r["kubetf"] == "preempted"]
+        return [r for r in followed.records() if r["kubetf"] == "preempted"]
 
     (record,) = wait_for(saved, 120, "worker-1 saved on the SIGTERM and left", interval=0.5)
     print(f"\neviction -> worker-1 saved and exited {record['exit_code']}: {elapsed(evicted)}")
