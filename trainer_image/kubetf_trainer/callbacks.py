@@ -130,7 +130,8 @@ class Hold(tf.keras.callbacks.Callback):
             while not os.path.exists(self.release):
                 time.sleep(0.2)
         finally:
-            signal.signal(signal.SIGTERM, before)
+            if before is not None:  # (None: a handler set outside Python, which cannot be put back; SIGTERM then exits)
+                signal.signal(signal.SIGTERM, before)
         emit("released", self.info, epoch=self.after_epoch)
 
 
