@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.kwok import is_local
 from tests.cluster.session import once
 
 HERE = Path(__file__).resolve().parent
@@ -29,13 +30,17 @@ SCRIPT = HERE / "local-cluster.sh"
 CACHE = Path(os.environ.get("KUBETF_CACHE", str(Path.home() / ".cache" / "kubetf")))
 BIN_DIR = CACHE / "bin"
 UP_TIMEOUT = float(os.environ.get("KUBETF_CLUSTER_UP_TIMEOUT", "4800"))
-LOCAL_KUBECONFIG = Path(os.environ.get("KUBETF_CLUSTER_DIR", "/var/lib/kubetf-cluster")) / "admin.kubeconfig"
 
 
 @dataclasses.dataclass(frozen=True)
 class KubeCluster:
     kubeconfig: str
     local: bool  # True when this session's cluster is the one local-cluster.sh runs
+
+    @property
+    def on_local_cluster(self) -> bool:
+        """This session's cluster, or the one KUBECONFIG names, is local-cluster.sh's (its script can install)."""
+        return self.local or is_local(self.kubeconfig)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
@@ -63,7 +68,7 @@ class KubeCluster:
         builds Kueue on first use (about 5 min cold). On another cluster Kueue must already be installed
         (`tests/cluster/kind.sh kueue`): the test fails otherwise.
         """
-        if self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve():
+        if self.on_local_cluster:
             _run_script("kueue")
             return
         rollout = ("-n", "kueue-system", "rollout", "status", "deployment/kueue-controller-manager", "--timeout=5s")
@@ -79,7 +84,7 @@ class KubeCluster:
         """MultiKueue's two more control planes beside the local cluster, which is worker1 (`local-cluster.sh
         multikueue`: idempotent, seconds when they run): their kubeconfigs by name ("manager", "worker2"). Only on
         the local cluster: elsewhere a test that needs them fails, saying so."""
-        if not (self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve()):
+        if not self.on_local_cluster:
             pytest.fail(
                 "MultiKueue's test clusters run beside the local cluster only (tests/cluster/README.md)", pytrace=False
             )
@@ -105,7 +110,7 @@ class KubeCluster:
         On the local cluster this is `local-cluster.sh volcano` (built on first use, ~4 min cold). On another cluster
         Volcano must already be installed, its scheduler named `volcano`: the test fails otherwise.
         """
-        if self.local or Path(self.kubeconfig.split(os.pathsep)[0]).resolve() == LOCAL_KUBECONFIG.resolve():
+        if self.on_local_cluster:
             _run_script("volcano")
             return
         rollout = ("-n", "volcano-system", "rollout", "status", "deployment/volcano-scheduler", "--timeout=5s")

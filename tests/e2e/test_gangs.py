@@ -301,22 +301,23 @@ class Conditions(Recorder):
         )  # fmt: skip
 
 
-def bound(events: list[PodEvent]) -> dict[str, PodEvent]:
-    """uid -> the event in which the pod was first seen bound to a node."""
+def first_seen(events: list[PodEvent], holds: Callable[[PodEvent], bool]) -> dict[str, PodEvent]:
+    """uid -> the first event of that pod in which `holds`."""
     first: dict[str, PodEvent] = {}
     for event in events:
-        if event.node and event.uid not in first:
+        if holds(event) and event.uid not in first:
             first[event.uid] = event
     return first
+
+
+def bound(events: list[PodEvent]) -> dict[str, PodEvent]:
+    """uid -> the event in which the pod was first seen bound to a node."""
+    return first_seen(events, lambda e: bool(e.node))
 
 
 def ended(events: list[PodEvent]) -> dict[str, PodEvent]:
     """uid -> the event in which the pod was first seen finished or gone."""
-    first: dict[str, PodEvent] = {}
-    for event in events:
-        if event.ended and event.uid not in first:
-            first[event.uid] = event
-    return first
+    return first_seen(events, lambda e: e.ended)
 
 
 def partial_starts(events: list[PodEvent], capacity: int, gang_size: dict[str, int]) -> list[str]:
