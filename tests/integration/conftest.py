@@ -436,6 +436,14 @@ class Operator:
         except OSError:
             return ""
 
+    def ready(self) -> bool:
+        """/readyz answers 200: the readiness probe's word (it can take over: its election reached the API server)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
     def metric(self, name: str) -> float:
         """The value of a sample (no labels) on the operator's /metrics (it must run with a metrics port)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:

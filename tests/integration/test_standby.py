@@ -20,6 +20,8 @@ def test_standby_takes_over_after_the_leader_is_sigkilled_with_no_duplicate_and_
         first.start(leader=True)
         second.start(leader=False)
         assert second.role() == "ok standby"
+        wait_for(second.ready, 10, "the standby's /readyz to say it can take over")
+        assert first.ready()
         for i in range(3):
             cluster.create_job(namespace, f"before-{i}", SPEC)
         for i in range(3):

@@ -456,6 +456,8 @@ def test_operator_deployment() -> None:
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz" and ports[probe["port"]] == 8080
+    readiness = container["readinessProbe"]["httpGet"]  # a rolling upgrade waits until a new pod can take over
+    assert readiness["path"] == "/readyz" and ports[readiness["port"]] == 8080
     assert ports["metrics"] == 9090 and ports["progress"] == 8090
     assert container["resources"]["limits"]["memory"] == "1Gi"  # a restart's relisting peak, not the steady state
     assert container["resources"]["requests"]["memory"]

@@ -135,3 +135,17 @@ def test_a_leader_cut_off_briefly_stops_writing_then_resumes_without_a_restart(w
     assert a.try_acquire_or_renew()  # nobody took it meanwhile: the same holder goes on
     assert a.is_leader()
     assert api.lease["spec"]["leaseTransitions"] == 0
+
+
+def test_a_candidate_is_ready_only_once_a_round_has_reached_the_api_server(world):
+    """/readyz (runtime.runner): a rolling upgrade counts a new pod as a standby only once it could take over."""
+    _clock, api, candidate = world
+    a, b = candidate("a"), candidate("b")
+    api.down = True
+    with pytest.raises(ApiException):
+        b.try_acquire_or_renew()
+    assert not b.candidate.is_set()
+    api.down = False
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()  # the lease is a's: b is a standby that can take over
+    assert a.candidate.is_set() and b.candidate.is_set()

@@ -38,6 +38,10 @@ class LeaderElector:
         self.observed_at = 0.0
         self.stopping = threading.Event()
         self.elected = threading.Event()
+        # Set after the first round that reached the API server (the lease read, and taken or seen held): from then
+        # on this operator is a candidate that can take over (its readiness: a rolling upgrade must not count a pod
+        # still importing Python as a standby).
+        self.candidate = threading.Event()
         self.heartbeat = clock()  # the loop's last round, for /healthz
         self.thread: threading.Thread | None = None
         self.on_change: Callable[[bool], None] = lambda held: None  # the lease lost (False) or held again (True)
@@ -102,6 +106,12 @@ class LeaderElector:
                 log.warning("could not release the leader lease (it expires by itself): %s", error)
 
     def try_acquire_or_renew(self) -> bool:
+        """One round: the lease read, then taken, renewed or left to its holder. Raises what the API server said."""
+        held = self._acquire_or_renew()
+        self.candidate.set()
+        return held
+
+    def _acquire_or_renew(self) -> bool:
         config = self.config
         now, wall = self.clock(), time.time()
         lease = self.kube.get_lease(config.lease_namespace, config.lease_name)

@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -66,6 +66,7 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
             liveness_port,
             config,
             lambda: elector is None or elector.alive(),
+            lambda: elector.candidate.is_set() if elector is not None else serving.is_set(),
             lambda: _role(elector, serving),
         )
     where = ", ".join(config.namespaces) or "all namespaces"
@@ -171,14 +172,16 @@ def _wait_for_leadership(elector: LeaderElector) -> bool:
     return True
 
 
-def _get(path: str, answer: Callable[[], Answer]) -> Callable[[Head], Answer]:
-    """A port that serves one GET path."""
+def _get(answers: Mapping[str, Callable[[], Answer]]) -> Callable[[Head], Answer]:
+    """A port that serves GET on the given paths."""
+    paths = " or ".join(answers)
 
     def admit(head: Head) -> Answer:
-        if head.target.split("?")[0] != path:
-            return Answer(404, f"GET {path}")
+        answer = answers.get(head.target.split("?")[0])
+        if answer is None:
+            return Answer(404, f"GET {paths}")
         if head.method != "GET":
-            return Answer(405, f"GET {path}")
+            return Answer(405, f"GET {paths}")
         return answer()
 
     return admit
@@ -191,18 +194,26 @@ def _port_limits(config: OperatorConfig) -> Limits:
 def _serve_metrics(port: int, config: OperatorConfig) -> None:
     """Prometheus /metrics, on the operator's bounded server (runtime.server), like every port of it."""
     metrics_answer = _get(
-        "/metrics", lambda: Answer(200, content=generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+        {"/metrics": lambda: Answer(200, content=generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)}
     )
     Server(port, metrics_answer, _no_body, _port_limits(config), name="metrics").start()
 
 
-def _serve_health(port: int, config: OperatorConfig, healthy: Callable[[], bool], role: Callable[[], str]) -> None:
-    """/healthz: 200 while the election loop runs (a standby is healthy too); the body says which one it is."""
+def _serve_health(
+    port: int, config: OperatorConfig, healthy: Callable[[], bool], ready: Callable[[], bool], role: Callable[[], str]
+) -> None:
+    """/healthz: 200 while the election loop runs (a standby is healthy too); the body says which one it is.
+    /readyz: 200 once the operator can take over, its election having reached the API server (without an election:
+    once it serves); a rolling upgrade replaces the next old pod only then."""
 
-    def answer() -> Answer:
+    def health() -> Answer:
         return Answer(200, content=f"ok {role()}\n".encode()) if healthy() else Answer(500, content=b"unhealthy\n")
 
-    Server(port, _get("/healthz", answer), _no_body, _port_limits(config), name="healthz").start()
+    def readiness() -> Answer:
+        return Answer(200, content=f"ok {role()}\n".encode()) if ready() else Answer(503, content=b"not yet\n")
+
+    answers = {"/healthz": health, "/readyz": readiness}
+    Server(port, _get(answers), _no_body, _port_limits(config), name="healthz").start()
 
 
 def _no_body(_ticket: object, _body: bytes) -> Answer:
