@@ -149,7 +149,12 @@ KUBECONFIG_PATH="$STATE/admin.kubeconfig"
 # other gates and the cluster is torn down and started again (binaries are cached by version, so each version
 # here is also the key of its binary's cache).
 CLUSTER_STAMP="k8s=$K8S_VERSION kubelet=$KUBELET_VERSION kube-proxy=$KUBE_PROXY_VERSION etcd=$ETCD_VERSION"
+# The controllers' client budget: the default (20 requests/s, burst 30) let the garbage collector and the namespace
+# controller delete a test's pods at 6.6/s (200 kwok pods of ended jobs took 30 s to go); a cluster as busy as the
+# tests' raises it the same way.
+CONTROLLER_QPS=(--kube-api-qps=100 --kube-api-burst=200)
 CLUSTER_STAMP+=" coredns=$COREDNS_VERSION feature-gates=$FEATURE_GATES runtime-config=$RUNTIME_CONFIG"
+CLUSTER_STAMP+=" controllers=${CONTROLLER_QPS[*]}"
 STAMP_FILE="$STATE/cluster.stamp"
 
 T_START=$SECONDS
@@ -730,7 +735,8 @@ start_controllers() {
     --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" --cluster-cidr="$CLUSTER_CIDR" --allocate-node-cidrs=false \
-    --controllers='*' --concurrent-gc-syncs=10 ${FEATURE_GATES:+"--feature-gates=$FEATURE_GATES"} --profiling=false --v=1
+    --controllers='*' --concurrent-gc-syncs=10 "${CONTROLLER_QPS[@]}" ${FEATURE_GATES:+"--feature-gates=$FEATURE_GATES"} \
+    --profiling=false --v=1
   start_daemon kube-scheduler "$K8S_BIN/kube-scheduler" \
     --kubeconfig="$CONF/scheduler.kubeconfig" \
     --authentication-kubeconfig="$CONF/scheduler.kubeconfig" \
@@ -1306,7 +1312,7 @@ mk_start_controllers() {  # mk_start_controllers PLANE: what a control plane wit
     --use-service-account-credentials=true --root-ca-file="$PKI/ca.crt" \
     --service-account-private-key-file="$PKI/sa.key" \
     --controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,clusterrole-aggregation-controller \
-    --profiling=false --v=1
+    "${CONTROLLER_QPS[@]}" --profiling=false --v=1
 }
 mk_controllers_ready() { wait_for 60 "the default ServiceAccount on $1" mkc "$1" -n default get serviceaccount default; }
 token_kubeconfig() {  # token_kubeconfig FILE SERVER CA_FILE TOKEN NAME: inline CA and token, as MultiKueue wants them
