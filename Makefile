@@ -80,12 +80,7 @@ integration_parallel = $(PYTEST) $(XDIST) -m "integration and not serial" tests/
 integration_alone = $(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone)
 e2e_parallel = KUBETF_IMAGES_BUILT=1 $(PYTEST) $(call xdist,$(E2E_WORKERS)) -m "e2e and not serial" tests/e2e \
 	$(call junit,e2e)
-# The e2e tests that run alone: first those that only load the cluster (the 200 queued jobs, MultiKueue's planes),
-# two at a time, beside each other and nothing else; then, one at a time, those that replace, restart or remove the
-# installed operator every other test uses.
-e2e_alone = KUBETF_IMAGES_BUILT=1 $(PYTEST) $(call xdist,2) -m "e2e and serial and not operator_replaced" tests/e2e \
-	$(call junit,e2e-alone) && KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial and operator_replaced" tests/e2e \
-	$(call junit,e2e-operator-replaced)
+e2e_alone = KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone)
 
 test-unit: venv tools ## pure tests, seconds (one xdist worker per core: they compute)
 	$(PYTEST) $(call xdist,auto) -m unit tests/unit $(call junit,unit)

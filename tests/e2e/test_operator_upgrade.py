@@ -13,7 +13,7 @@ from tests.integration.conftest import replica
 
 from .conftest import CHART_VALUES, OPERATOR_NAMESPACE, RELEASE, ROOT, helm
 
-pytestmark = [pytest.mark.serial, pytest.mark.operator_replaced]  # the installed operator is replaced
+pytestmark = pytest.mark.serial  # the installed operator is replaced: other e2e tests would lose it meanwhile
 
 PREVIOUS_CHART = "b388956"  # the last commit whose chart ran one replica without leader election
 LEASE = "kubetf-operator"

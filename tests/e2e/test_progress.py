@@ -159,7 +159,6 @@ def test_a_program_whose_loss_is_nan_is_unhealthy_and_goes_on_running(installed,
 
 
 @pytest.mark.serial  # the installed operator's leader is killed: the other e2e tests would lose it meanwhile
-@pytest.mark.operator_replaced
 def test_reports_reach_the_status_across_a_leader_change(installed, namespace):
     cluster = installed
     cluster.create_job(namespace, "steps", program_job(STEPS_PROGRAM))

@@ -10,8 +10,7 @@ from tests.integration.conftest import replica
 
 from .conftest import OPERATOR_NAMESPACE, RELEASE, helm
 
-# The chart goes: no other e2e test may run beside or after it.
-pytestmark = [pytest.mark.serial, pytest.mark.operator_replaced, pytest.mark.last]
+pytestmark = [pytest.mark.serial, pytest.mark.last]  # the chart goes: no other e2e test may run beside or after it
 
 
 def exists(read, *args) -> bool:
