@@ -185,6 +185,33 @@ def test_a_pod_that_ended_goes_ahead_of_new_jobs_and_resyncs():
     ]
 
 
+def test_pods_that_start_together_cost_their_job_one_reconcile_and_one_status_write():
+    """As the Job controller's batch period: a pod that started brings its job's reconcile pod_batch_seconds later,
+    so its peers' starts within that time are decided with it; a pod taken away is acted on at once."""
+    shell = Shell(mwms())
+    shell.queued()
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    writes = shell.api.calls.count("patch status")
+    shell.run_all()  # the chief and both workers start, one event each
+    shell.api.deliver(shell.controller)
+    assert shell.queued() == []  # nothing at once ...
+    assert shell.controller.queue.due[(shell.key, NORMAL)] == T0 + 0.5  # ... one reconcile for the three, then
+    shell.now += 0.5
+    wait_for(lambda: shell.controller.queue.queued, 5, "the batched reconcile queued")
+    assert shell.queued() == [(shell.key, NORMAL)]
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["phase"] == "Running"
+    assert shell.api.calls.count("patch status") == writes + 1
+    shell.api.deliver(shell.controller)
+    shell.api.pods["mnist-worker-1"]["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    )
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    assert shell.queued() == [(shell.key, URGENT)]  # preemption first: no batch period
+
+
 def test_a_large_job_is_created_in_turns_so_other_jobs_get_theirs_in_between():
     shell = Shell(mwms(workers=9), creates_per_reconcile=4)
     shell.queued()

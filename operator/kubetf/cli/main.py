@@ -371,6 +371,12 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         float,
         "seconds a reconcile waits for the watch to show the operator's own creates and deletes",
     ),
+    (
+        "--pod-batch-seconds",
+        "pod_batch_seconds",
+        float,
+        "seconds a job's reconcile waits after one of its pods started or turned ready, to act on its pods' changes at once",
+    ),
     ("--api-timeout", "api_timeout", _seconds_pair, "CONNECT,READ seconds of every API request"),
     (
         "--log-timeout",

@@ -28,6 +28,10 @@ class OperatorConfig:
     creates_per_reconcile: int = 64
     # How long a reconcile waits for the watch to deliver the operator's own creates and deletes.
     expectations_timeout: float = 30.0
+    # A pod that started, was scheduled or turned ready brings its job's reconcile this much later, so that the few
+    # changes its pods go through together cost one reconcile and one status write (the Job controller's
+    # syncJobBatchPeriod); a pod that ended, went or is being taken away brings it at once.
+    pod_batch_seconds: float = 0.5
     # Per-job backoff after a failed reconcile: doubling from the first delay up to the cap; for an error of the
     # cluster that goes away by itself (a 5xx, a webhook it cannot call, a timeout), up to `transient_retry_cap`.
     error_backoff_first: float = 1.0

@@ -20,7 +20,7 @@ from kubetf.cluster.cache import Key, Store
 from kubetf.cluster.kube import describe, is_transient
 from kubetf.cluster.kube_api import KubeApi, NotLeader, Refused
 from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
-from kubetf.core import api, gang, reconcile, refusals
+from kubetf.core import api, gang, policy, reconcile, refusals
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import RECONCILE_ERROR, Failing
 from kubetf.core.plan import Plan
@@ -371,7 +371,10 @@ class Controller:
             changed = self.store.put_pod(key, pod)
         if changed:
             phase = (pod.get("status") or {}).get("phase")
-            self.queue.add(key, URGENT if gone or phase in ("Succeeded", "Failed") else NORMAL)
+            if gone or phase in ("Succeeded", "Failed") or policy.disruption_reason(dict(pod)):
+                self.queue.add(key, URGENT)
+            else:  # it started, was scheduled, turned ready: its peers' same changes follow, all in one reconcile
+                self.queue.at(self.clock() + self.config.pod_batch_seconds, key, NORMAL)
         deferred = self.expectations.observe(key, meta.get("name", ""), meta.get("uid", ""), gone)
         if deferred is not None:
             self.queue.add(key, deferred)
