@@ -375,7 +375,7 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "--pod-batch-seconds",
         "pod_batch_seconds",
         float,
-        "seconds a job's reconcile waits after one of its pods started or turned ready, to act on its pods' changes at once",
+        "seconds a job's reconcile waits after a pod started or turned ready (its peers' changes in one reconcile)",
     ),
     ("--api-timeout", "api_timeout", _seconds_pair, "CONNECT,READ seconds of every API request"),
     (
