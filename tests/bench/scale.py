@@ -1,6 +1,6 @@
 """Scale benchmark on kwok's fake nodes: prints numbers, asserts nothing.
 
-    python -m tests.bench.scale [--jobs 2000] [--burst 200] [--preemptions 20] [--foreign-pods 0]
+    python -m tests.bench.scale [--jobs 2000] [--burst 200] [--preemptions 20] [--foreign-pods 0] [--operator-flags '...']
     make bench-scale ARGS="--jobs 100 --burst 20"
 
 Jobs of 1 chief + 4 workers (MultiWorkerMirrored) whose pod templates tolerate the fake nodes' taint and select
@@ -453,6 +453,9 @@ def main() -> None:
     parser.add_argument("--preemption-interval", type=float, default=0.5, help="seconds between evictions")
     parser.add_argument("--foreign-pods", type=int, default=0, help="plain pods of no job in another namespace")
     parser.add_argument("--timeout", type=float, default=3600, help="per phase, seconds")
+    parser.add_argument(
+        "--operator-flags", default="", help="more flags for the operator, to compare (e.g. '--pod-batch-seconds 0')"
+    )
     args = parser.parse_args()
     args.preemptions = min(args.preemptions, args.jobs)
 
@@ -474,7 +477,7 @@ def main() -> None:
     suffix = uuid.uuid4().hex[:6]
     namespace, foreign = f"scale-{suffix}", f"scale-foreign-{suffix}"
     workdir = Path(tempfile.mkdtemp(prefix="kubetf-bench-scale-"))
-    process = Process(kube.kubeconfig, workdir)
+    process = Process(kube.kubeconfig, workdir, tuple(args.operator_flags.split()))
     state = State()
     try:
         process.start()

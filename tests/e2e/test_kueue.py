@@ -403,6 +403,7 @@ def test_a_preemption_chain_readmits_by_priority_and_counts_one_disruption_each(
 # ---------------------------------------------------------------------- many jobs: no pod before the admission
 
 MANY = 200
+AT_ONCE = 40  # the ClusterQueue's cpu quota, one cpu per job
 
 
 @pytest.fixture(scope="module")
@@ -429,10 +430,10 @@ def one_worker_on_fake_nodes(name: str, queue: Queue, seconds: int) -> dict:
 @pytest.mark.serial
 @pytest.mark.xdist_group("fake-nodes")
 def test_hundreds_of_queued_jobs_have_no_pod_until_each_is_admitted(installed, namespace, kueue_installed, fake_nodes):
-    """200 jobs in a ClusterQueue that admits 20 at a time (its cpu quota): at every look, a pod exists only for a
+    """200 jobs in a ClusterQueue that admits 40 at a time (its cpu quota): at every look, a pod exists only for a
     job Kueue has admitted; each admitted job's pod runs (kwok), ends, and the next jobs are admitted."""
     cluster = installed
-    queue = Queue(cluster, namespace, gpus=0, cpu="20")
+    queue = Queue(cluster, namespace, gpus=0, cpu=str(AT_ONCE))
     try:
         with ThreadPoolExecutor(8) as creates:  # as a pipeline submits them (one at a time took 11 s)
             list(creates.map(lambda i: submit(cluster, namespace, one_worker_on_fake_nodes(f"many-{i:03d}", queue, 3)),
@@ -455,9 +456,9 @@ def test_hundreds_of_queued_jobs_have_no_pod_until_each_is_admitted(installed, n
 
         started = time.monotonic()
         wait_for(all_succeeded, 900, "every job admitted in its turn and succeeded", interval=0.5)
-        print(f"\n{MANY} jobs, 20 admitted at a time: all succeeded in {elapsed(started)}; {looks} looks, at most "
+        print(f"\n{MANY} jobs, {AT_ONCE} admitted at a time: all succeeded in {elapsed(started)}; {looks} looks, at most "
               f"{most_pods} pods running at once")  # fmt: skip
-        assert most_pods <= 20
+        assert most_pods <= AT_ONCE
     finally:
         finish_jobs(cluster, namespace, timeout=300)
         queue.delete()
