@@ -1,6 +1,7 @@
 """Scale benchmark on kwok's fake nodes: prints numbers, asserts nothing.
 
-    python -m tests.bench.scale [--jobs 2000] [--burst 200] [--preemptions 20] [--foreign-pods 0] [--operator-flags '...']
+    python -m tests.bench.scale [--jobs 2000] [--burst 200] [--preemptions 20] [--foreign-pods 0]
+                                [--operator-flags '--pod-batch-seconds 0']
     make bench-scale ARGS="--jobs 100 --burst 20"
 
 Jobs of 1 chief + 4 workers (MultiWorkerMirrored) whose pod templates tolerate the fake nodes' taint and select

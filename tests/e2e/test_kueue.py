@@ -456,8 +456,8 @@ def test_hundreds_of_queued_jobs_have_no_pod_until_each_is_admitted(installed, n
 
         started = time.monotonic()
         wait_for(all_succeeded, 900, "every job admitted in its turn and succeeded", interval=0.5)
-        print(f"\n{MANY} jobs, {AT_ONCE} admitted at a time: all succeeded in {elapsed(started)}; {looks} looks, at most "
-              f"{most_pods} pods running at once")  # fmt: skip
+        print(f"\n{MANY} jobs, {AT_ONCE} admitted at a time: all succeeded in {elapsed(started)}; {looks} looks, "
+              f"at most {most_pods} pods running at once")  # fmt: skip
         assert most_pods <= AT_ONCE
     finally:
         finish_jobs(cluster, namespace, timeout=300)
