@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 
 from kubetf.cluster.kube import Kube, NotLeader
-from kubetf.core import kueue
+from kubetf.core import kueue, reconcile
 from kubetf.core.config import DEFAULTS, OperatorConfig
 from kubetf.runtime.controller import NORMAL, RESYNC, URGENT, Controller
 from tests.cluster.fixture import wait_for
@@ -210,6 +210,31 @@ def test_pods_that_start_together_cost_their_job_one_reconcile_and_one_status_wr
     shell.api.update_pod("mnist-worker-1")
     shell.api.deliver(shell.controller)
     assert shell.queued() == [(shell.key, URGENT)]  # preemption first: no batch period
+
+
+def test_a_decision_about_a_job_replaced_while_it_was_made_never_writes_the_new_jobs_status():
+    """The status subresource takes no uid precondition: a reconcile of the old job that ends after the job was
+    deleted and created again under its name must not write its status (its restart) onto the new one."""
+    shell = Shell(mwms())
+    shell.queued()
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.api.pods["mnist-worker-0"]["metadata"]["deletionTimestamp"] = "2026-11-26T05:26:57Z"
+    shell.api.update_pod("mnist-worker-0")
+    shell.api.deliver(shell.controller)
+    seen = shell.controller.observer.observe(shell.key, {})  # the old job, as the reconcile read it: a restart due
+    old = shell.api.jobs[shell.key]
+    shell.api.delete_job(*shell.key)
+    shell.api.add_job({k: v for k, v in old.items() if k != "status"})
+    shell.api.deliver(shell.controller)
+    replaced = shell.api.jobs[shell.key]
+    assert replaced["metadata"]["uid"] != old["metadata"]["uid"]
+    writes = shell.api.calls.count("patch status")
+    plan = reconcile.decide(seen, shell.controller.config)
+    assert plan.status != (old.get("status") or {})  # it would write
+    shell.controller.executor.carry_out(shell.key, seen, plan)
+    assert shell.api.calls.count("patch status") == writes
+    assert not replaced.get("status")
 
 
 def test_a_large_job_is_created_in_turns_so_other_jobs_get_theirs_in_between():

@@ -252,6 +252,13 @@ class Executor:
         along = plan.progress_along if plan is not None else None
         if along is not None and _without_history(along) != _without_history(status.get("progress")):
             status = {**status, "progress": along}
+        current = self.store.job(key)
+        if current is None or current["metadata"].get("uid") != job["metadata"].get("uid"):
+            # Deleted, or deleted and created again under its name, while this reconcile ran: the status subresource
+            # takes no uid precondition, and this decision's status would land on the new job (seen: the pods the
+            # garbage collector deleted with the old job counted as the new one's disruption).
+            log.info("%s/%s: deleted or replaced meanwhile; its status is not written", *key)
+            return job, stored
         patch = st.merge_patch(stored, status)
         updated = self.kube.patch_job_status(job, patch)
         if updated is None:
