@@ -110,10 +110,9 @@ stage = start=$$SECONDS; cpu=$$($(cpu_jiffies)); $(2) || exit $$?; took=$$((SECO
 
 test: venv tools ## every test tier, each stage timed, then one table (tiers, stages, slowest tests)
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
-	@$(call stage,unit (lint + Kueue + Volcano + images beside),$(MAKE) --no-print-directory \
-		test-unit-beside-lint-kueue BESIDE_UNIT=images)
-	@$(call stage,integration (parallel; MultiKueue's planes up beside),$(MAKE) --no-print-directory \
-		test-integration-beside-multikueue)
+	@$(call stage,unit (lint + Kueue + Volcano + MultiKueue's planes + images beside),$(MAKE) --no-print-directory \
+		test-unit-beside-lint-kueue BESIDE_UNIT=images MULTIKUEUE=multikueue)
+	@$(call stage,integration (parallel),$(integration_parallel))
 	@$(call stage,e2e (parallel),$(e2e_parallel))
 	@$(call stage,trainer beside the cluster tests that run alone,$(MAKE) --no-print-directory test-trainer-beside-alone)
 	@$(PY) -m tests.summary $(RESULTS)
@@ -121,31 +120,26 @@ test: venv tools ## every test tier, each stage timed, then one table (tiers, st
 # Lint and the Kueue and Volcano installs (the integration tier's first Kueue test waited ~35 s for Kueue; the e2e
 # gang tests need Volcano) run beside the unit tier, which leaves a third of the cores idle, and with
 # BESIDE_UNIT=images (`make test`) the images are built too (a stage of its own, 32 s at 60% of the cores); their
-# output goes to files, shown when all are done. Ctrl-C stops all.
+# output goes to files, shown when all are done. With MULTIKUEUE=multikueue (`make test`), MultiKueue's two more
+# control planes come up after Kueue and stay until the MultiKueue tests (run alone, last) stop them: brought up by
+# those tests' fixture in the last stage, beside the other tests' load, their Kueues took 70 s instead of 14 to
+# serve; beside the integration tier, their start held an operator's reconciles up for 8 s (a 4-s deadline fired
+# before its job was seen Running). Nothing beside the unit tier depends on time. Ctrl-C stops all.
 BESIDE_UNIT ?=
+MULTIKUEUE ?=
 test-unit-beside-lint-kueue: venv tools
 	@set +e; $(MAKE) --no-print-directory lint > $(RESULTS)/lint.log 2>&1 & lint=$$!; \
-	$(MAKE) --no-print-directory kueue volcano > $(RESULTS)/kueue.log 2>&1 & kueue=$$!; \
+	{ $(MAKE) --no-print-directory kueue volcano && { [ -z "$(MULTIKUEUE)" ] || [ -z "$(IS_LOCAL)" ] || \
+		$(CLUSTER) $(MULTIKUEUE); }; } > $(RESULTS)/kueue.log 2>&1 & kueue=$$!; \
 	$(MAKE) --no-print-directory $(or $(BESIDE_UNIT),venv) > $(RESULTS)/beside.log 2>&1 & beside=$$!; \
 	trap 'kill -INT $$lint $$kueue $$beside 2>/dev/null; wait; exit 130' INT TERM; \
 	$(MAKE) --no-print-directory test-unit; unit=$$?; \
 	wait $$lint; linted=$$?; echo "::: lint, run beside:"; cat $(RESULTS)/lint.log; \
-	wait $$kueue; installed=$$?; echo "::: Kueue and Volcano, installed beside:"; tail -n 20 $(RESULTS)/kueue.log; \
+	wait $$kueue; installed=$$?; echo "::: Kueue, Volcano$(if $(MULTIKUEUE), and MultiKueue's planes), installed beside:"; \
+		tail -n 20 $(RESULTS)/kueue.log; \
 	wait $$beside; built=$$?; [ -z "$(BESIDE_UNIT)" ] || { echo "::: $(BESIDE_UNIT), beside:"; \
 		tail -n 5 $(RESULTS)/beside.log; }; \
 	[ $$unit = 0 ] && [ $$linted = 0 ] && [ $$installed = 0 ] && [ $$built = 0 ]
-
-# MultiKueue's two more control planes (tests/cluster/README.md) come up beside the integration tier, which leaves a
-# quarter of the cores idle, and stay until the MultiKueue tests (run alone, last) stop them: brought up by those tests'
-# fixture in the last stage, beside the other tests' load, their Kueues took 70 s instead of 14 to serve and the
-# tests' setup 127 s instead of 34. Its output goes to a file, shown when both are done; Ctrl-C stops both.
-test-integration-beside-multikueue: venv tools
-	@set +e; if [ -n "$(IS_LOCAL)" ]; then $(CLUSTER) multikueue; else echo "not the local cluster: no planes"; fi \
-		> $(RESULTS)/multikueue.log 2>&1 & planes=$$!; \
-	trap 'kill -INT $$planes 2>/dev/null; wait $$planes; exit 130' INT TERM; \
-	$(integration_parallel); integrated=$$?; \
-	wait $$planes; up=$$?; echo "::: MultiKueue's planes, brought up beside:"; tail -n 3 $(RESULTS)/multikueue.log; \
-	[ $$integrated = 0 ] && [ $$up = 0 ]
 
 # The trainer tier needs no cluster, so it runs beside the cluster tests that must run alone (they mostly wait, it
 # computes, two TensorFlow jobs at a time: with one, the two left a third of the cores idle): first the e2e ones (they

@@ -203,8 +203,10 @@ def test_chief_success_stops_the_rest_and_never_reruns_completed_workers(cluster
 
 
 def test_active_deadline_fires_without_any_other_event(cluster, namespace):
-    running(cluster, namespace, "dl", mwms_spec(activeDeadlineSeconds=4), 3)
-    status = cluster.wait_phase(namespace, "dl", "Failed", timeout=10)  # nothing else happens to the job meanwhile
+    # Long enough for the job to be seen Running first on a busy machine (with 4 s, a reconcile held up 8 s once saw
+    # the deadline before the pods' start).
+    running(cluster, namespace, "dl", mwms_spec(activeDeadlineSeconds=10), 3)
+    status = cluster.wait_phase(namespace, "dl", "Failed", timeout=20)  # nothing else happens to the job meanwhile
     assert status["reason"] == "DeadlineExceeded"
 
 
