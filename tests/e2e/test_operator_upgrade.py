@@ -21,8 +21,11 @@ SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1),
 
 
 def operator_pods(cluster) -> list:
-    pods = cluster.core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=kubetf").items
-    return [p for p in pods if not p.metadata.deletion_timestamp and p.status.phase == "Running"]
+    return [p for p in all_operator_pods(cluster) if not p.metadata.deletion_timestamp and p.status.phase == "Running"]
+
+
+def all_operator_pods(cluster) -> list:
+    return cluster.core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=kubetf").items
 
 
 def holder(cluster) -> str:
@@ -61,12 +64,16 @@ def test_helm_upgrade_from_the_previous_chart_then_the_standby_takes_over(instal
     cluster.create_job(namespace, "first", SPEC)
     cluster.wait_pods(namespace, "first", lambda p: len(p) == 2, "the upgraded operator to create the pods", 30)
 
-    cluster.core.delete_namespaced_pod(leader, OPERATOR_NAMESPACE, grace_period_seconds=0)
+    # Killed as a node's kubelet kills it, 1 s after SIGTERM; the pod goes once its container is dead. (Deleted with
+    # grace 0, the pod went at once while a busy kubelet had not stopped its container yet, which went on renewing
+    # the lease: the standby rightly waited past the test's 30 s.)
+    cluster.core.delete_namespaced_pod(leader, OPERATOR_NAMESPACE, grace_period_seconds=1)
+    wait_for(lambda: leader not in {p.metadata.name for p in all_operator_pods(cluster)}, 60, f"{leader} stopped")
     killed = time.monotonic()
     (standby,) = names - {leader}
     wait_for(lambda: holder(cluster).startswith(f"{standby}_"), 30, f"the standby {standby} to take the lease")
     takeover = time.monotonic() - killed
-    print(f"\nin-cluster standby took over {takeover:.1f}s after the leader's pod was killed (make bench measures it)")
+    print(f"\nin-cluster standby took over {takeover:.1f}s after the leader's pod was gone (make bench measures it)")
     cluster.create_job(namespace, "second", SPEC)
     cluster.wait_pods(namespace, "second", lambda p: len(p) == 2, "the new leader to create the pods", 30)
     assert cluster.status(namespace, "first")["restarts"]["total"] == 0
