@@ -1,5 +1,5 @@
 """The installed operator: `helm upgrade` from the previous chart (one replica, Recreate) to two replicas with
-leader election, and a standby that takes over when the leader's pod is killed."""
+leader election, and another replica that takes over when the leader's pod is killed."""
 
 import subprocess
 import time
@@ -33,7 +33,7 @@ def holder(cluster) -> str:
     return lease.spec.holder_identity or ""
 
 
-def test_helm_upgrade_from_the_previous_chart_then_the_standby_takes_over(installed, namespace, tmp_path):
+def test_helm_upgrade_from_the_previous_chart_then_another_replica_takes_over(installed, namespace, tmp_path):
     cluster = installed
     previous = tmp_path / "previous"
     previous.mkdir()
@@ -64,16 +64,19 @@ def test_helm_upgrade_from_the_previous_chart_then_the_standby_takes_over(instal
     cluster.create_job(namespace, "first", SPEC)
     cluster.wait_pods(namespace, "first", lambda p: len(p) == 2, "the upgraded operator to create the pods", 30)
 
-    # Killed as a node's kubelet kills it, 1 s after SIGTERM; the pod goes once its container is dead. (Deleted with
-    # grace 0, the pod went at once while a busy kubelet had not stopped its container yet, which went on renewing
-    # the lease: the standby rightly waited past the test's 30 s.)
+    # Killed as a node's kubelet kills it, 1 s after SIGTERM. The ReplicaSet starts a replacement at once, which reads
+    # the dying leader's last renewals as the standby does: whichever of the two asks first once the lease expires
+    # takes it (client-go's protocol promises a leader, not which one). Seen: the replacement won twice in four runs.
     cluster.core.delete_namespaced_pod(leader, OPERATOR_NAMESPACE, grace_period_seconds=1)
-    wait_for(lambda: leader not in {p.metadata.name for p in all_operator_pods(cluster)}, 60, f"{leader} stopped")
     killed = time.monotonic()
-    (standby,) = names - {leader}
-    wait_for(lambda: holder(cluster).startswith(f"{standby}_"), 30, f"the standby {standby} to take the lease")
+    successor = wait_for(
+        lambda: (h := holder(cluster)) and not h.startswith(f"{leader}_") and h.rsplit("_", 1)[0],
+        30,
+        f"another replica than {leader} to take the lease",
+    )
     takeover = time.monotonic() - killed
-    print(f"\nin-cluster standby took over {takeover:.1f}s after the leader's pod was gone (make bench measures it)")
+    role = "the standby" if successor in names else "the new replica"
+    print(f"\n{role} {successor} took over {takeover:.1f}s after the leader's pod was killed (make bench measures it)")
     cluster.create_job(namespace, "second", SPEC)
     cluster.wait_pods(namespace, "second", lambda p: len(p) == 2, "the new leader to create the pods", 30)
     assert cluster.status(namespace, "first")["restarts"]["total"] == 0
