@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +71,7 @@ def classify_signal(signal_number: int, restart_policy: str) -> Termination:
     return classify_exit(128 + signal_number, restart_policy, stopped_from_outside=True)
 
 
-def disruption_reason(pod: dict[str, Any]) -> str | None:
+def disruption_reason(pod: Mapping[str, Any]) -> str | None:
     """Why a pod is being taken away from outside (the scheduler's preemption, an eviction, a node shutdown), or
     None. (Kueue stops a whole job through its Workload: kubetf.core.reconcile.)"""
     status = pod.get("status") or {}
@@ -84,7 +85,7 @@ def disruption_reason(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def _rejected_by_node(pod: dict[str, Any]) -> bool:
+def _rejected_by_node(pod: Mapping[str, Any]) -> bool:
     """The kubelet refused the pod at admission: it failed without any container having run."""
     reason = str((pod.get("status") or {}).get("reason") or "")
     if not (reason in NODE_REJECTION_REASONS or reason.startswith("OutOf")):

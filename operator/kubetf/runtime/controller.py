@@ -371,7 +371,7 @@ class Controller:
             changed = self.store.put_pod(key, pod)
         if changed:
             phase = (pod.get("status") or {}).get("phase")
-            if gone or phase in ("Succeeded", "Failed") or policy.disruption_reason(dict(pod)):
+            if gone or phase in ("Succeeded", "Failed") or policy.disruption_reason(pod):
                 self.queue.add(key, URGENT)
             else:  # it started, was scheduled, turned ready: its peers' same changes follow, all in one reconcile
                 self.queue.at(self.clock() + self.config.pod_batch_seconds, key, NORMAL)
