@@ -234,6 +234,9 @@ class State:
         # where a preemption's time goes: job -> uid of each pod it had -> marked for deletion; job -> step -> time
         self.old_pods: dict[str, dict[str, bool]] = {}
         self.steps: dict[str, dict[str, float]] = {}
+        # how far a job's status trails its pods: job -> when all its pods were first Running, when it first said so
+        self.pods_running_at: dict[str, float] = {}
+        self.said_running_at: dict[str, float] = {}
 
     def on_job(self, kind: str, job: dict) -> None:
         status = job.get("status") or {}
@@ -244,6 +247,8 @@ class State:
             else:
                 restarts = json.dumps(status.get("restarts") or {}, sort_keys=True)
                 self.jobs[job["metadata"]["name"]] = (status.get("phase", ""), restarts)
+                if status.get("phase") == "Running":
+                    self.said_running_at.setdefault(job["metadata"]["name"], self.last_change)
 
     def on_pod(self, kind: str, pod: dict) -> None:
         meta = pod["metadata"]
@@ -261,6 +266,8 @@ class State:
             else:
                 pods[meta["name"]] = (labels.get(api.LABEL_ATTEMPT, ""), (pod.get("status") or {}).get("phase", ""))
                 uids[meta["name"]] = meta["uid"]
+                if len(pods) == PODS_PER_JOB and all(phase == "Running" for _, phase in pods.values()):
+                    self.pods_running_at.setdefault(job, now)
             old = self.old_pods.get(job)
             if old is not None and meta["uid"] in old:
                 if kind == "DELETED":
@@ -278,6 +285,17 @@ class State:
                     self.recovered[job] = now - start
                     self.steps[job]["created"] = now
                     del self.preempting[job]
+
+    def status_lag(self, jobs: Iterable[str]) -> str:
+        """How long after all its pods were Running each job's status said Running (0 when it said so first: its
+        status follows the pods' Running only)."""
+        with self.lock:
+            lags = [
+                max(0.0, self.said_running_at[j] - self.pods_running_at[j])
+                for j in jobs
+                if j in self.said_running_at and j in self.pods_running_at
+            ]
+        return f"{fmt_ms(lags)}, max {max(lags, default=0) * 1000:.0f} ms"
 
     def preemption_steps(self) -> str:
         """A preemption's time by step: the operator deletes the rest of the group (every old pod marked), kwok
@@ -503,6 +521,7 @@ def main() -> None:
             f"{args.jobs} jobs (1+4) created in {applied - t0:.1f}s, all Running with their pods in {done - t0:.1f}s "
             f"({args.jobs / (done - t0):.1f} jobs/s)"
         )
+        out(f"  a job's status Running after its pods all were: {state.status_lag(names)}")
         out(f"  operator RSS with {args.jobs} jobs Running ({PODS_PER_JOB * args.jobs} pods): {process.rss():.0f} MiB")
         out(f"  operator CPU create -> Running: {(cpu1 - cpu0) / args.jobs * 1000:.1f} ms per job")
         out(f"  API calls create -> Running: {per_job(created0, created1, args.jobs)}")

@@ -10,6 +10,7 @@ from kubetf.core import reconcile, refusals
 from kubetf.core.config import OperatorConfig
 from kubetf.core.plan import Observed
 from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
+from kubetf.runtime.executor import NORMAL
 from tests.cluster.fixture import wait_for
 
 from .jobs import job, replica
@@ -248,7 +249,7 @@ def test_a_quota_denial_keeps_the_job_pending_with_the_message_and_a_warning_the
 def fail_once_in_the_worker_loop(shell, failures: int) -> None:
     """Run the controller's real workers until the job's refused reconcile has counted `failures` in all."""
     shell.queued()
-    shell.controller.queue.add(shell.key, 1)
+    shell.controller.queue.add(shell.key, NORMAL)
     shell.controller.start()
     try:
         wait_for(lambda: shell.controller.queue.failures.get(shell.key) == failures, 5, f"{failures} failure(s)")
@@ -260,7 +261,7 @@ def test_refused_creates_back_off_per_job_in_the_worker_loop():
     shell = Shell(mwms())
     shell.api.refuse["mnist-chief-0"] = denied("mnist-chief-0")
     fail_once_in_the_worker_loop(shell, failures=1)
-    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 1  # the first backoff step, not a tight loop
+    assert shell.controller.queue.due[(shell.key, NORMAL)] == T0 + 1  # the first backoff step, not a tight loop
 
 
 def test_startup_timeout_covers_pods_that_could_not_be_created():
@@ -268,7 +269,7 @@ def test_startup_timeout_covers_pods_that_could_not_be_created():
     shell.api.refuse["mnist-chief-0"] = denied("mnist-chief-0")
     with pytest.raises(Refused):
         shell.controller.reconcile(shell.key)
-    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 60  # a timer, not the next backoff, fails it
+    assert shell.controller.queue.due[(shell.key, NORMAL)] == T0 + 60  # a timer, not the next backoff, fails it
     shell.now = T0 + 59
     with pytest.raises(Refused):
         shell.controller.reconcile(shell.key)
@@ -324,7 +325,7 @@ def test_a_name_still_in_use_is_looked_at_again_within_seconds_not_minutes():
     shell.api.others[("Service", "mnist")] = {"kind": "Service", "metadata": held}
     shell.controller.queue.failures[shell.key] = 20  # long past the default cap
     fail_once_in_the_worker_loop(shell, failures=21)
-    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 10
+    assert shell.controller.queue.due[(shell.key, NORMAL)] == T0 + 10
 
 
 # ------------------------------------------------------------------ events before the status that records them
@@ -417,7 +418,7 @@ def test_an_unavailable_api_is_retried_at_most_five_seconds_apart():
     shell.api.refuse["mnist-chief-0"] = unavailable("mnist-chief-0")
     shell.controller.queue.failures[shell.key] = 20  # long past the default cap
     fail_once_in_the_worker_loop(shell, failures=21)
-    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 5
+    assert shell.controller.queue.due[(shell.key, NORMAL)] == T0 + 5
 
 
 def test_a_server_error_outside_a_create_is_retried_soon_too():
@@ -425,4 +426,4 @@ def test_a_server_error_outside_a_create_is_retried_soon_too():
     shell.api.patch_job_status = lambda *a: (_ for _ in ()).throw(api_error(503, "the server is shutting down"))
     shell.controller.queue.failures[shell.key] = 20
     fail_once_in_the_worker_loop(shell, failures=21)
-    assert shell.controller.queue.due[(shell.key, 1)] == T0 + 5
+    assert shell.controller.queue.due[(shell.key, NORMAL)] == T0 + 5

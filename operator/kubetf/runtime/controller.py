@@ -2,8 +2,8 @@
 
 Reads come from the cache the watches fill (`cache.Store`), completed by `Observer`; the decision is pure
 (`core.reconcile.plan`); `Executor` carries it out. A job whose own creates or deletes the watch has not shown yet
-waits for them (`workqueue.Expectations`). Reconciles are ordered by urgency: a pod that ended goes before new
-jobs' creations, which go before safety resyncs.
+waits for them (`workqueue.Expectations`). Reconciles are ordered by urgency: a pod that ended goes before a pod
+that started, which goes before new jobs' creations, which go before safety resyncs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import RECONCILE_ERROR, Failing
 from kubetf.core.plan import Plan
 from kubetf.runtime import positions
-from kubetf.runtime.executor import NORMAL, URGENT, Executor
+from kubetf.runtime.executor import FOLLOW, NORMAL, URGENT, Executor
 from kubetf.runtime.observer import Observer
 from kubetf.runtime.positions import QueuePositions
 from kubetf.runtime.progress.book import ProgressBook
@@ -33,7 +33,7 @@ from kubetf.runtime.progress.gauges import JobSeries
 
 log = logging.getLogger("kubetf.operator")
 
-RESYNC = positions.RESYNC  # nothing changed but a job's place in its queue (URGENT and NORMAL: runtime.executor)
+RESYNC = positions.RESYNC  # nothing changed but a job's place in its queue (the others: runtime.executor)
 GANG_APIS = (f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}", f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}")
 
 
@@ -374,7 +374,7 @@ class Controller:
             if gone or phase in ("Succeeded", "Failed") or policy.disruption_reason(pod):
                 self.queue.add(key, URGENT)
             else:  # it started, was scheduled, turned ready: its peers' same changes follow, all in one reconcile
-                self.queue.at(self.clock() + self.config.pod_batch_seconds, key, NORMAL)
+                self.queue.at(self.clock() + self.config.pod_batch_seconds, key, FOLLOW)
         deferred = self.expectations.observe(key, meta.get("name", ""), meta.get("uid", ""), gone)
         if deferred is not None:
             self.queue.add(key, deferred)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -22,8 +23,25 @@ from kubetf.core import api, gang, kueue
 from kubetf.runtime.controller import Controller
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base. kopf builds one at every event of every object (a deep copy of it, status removed) for
+    changing handlers (on.create, on.update) to compare against, and keeps it in an annotation; the operator has
+    only event handlers, which never read it. Under load those copies were a third of kopf's share of the
+    operator's CPU (py-spy, 1,000 jobs finishing)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        raise AssertionError("a diff base is stored only for changing handlers, and the operator has none")
+
+
 def settings() -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
     settings.watching.label_selectors["v1", "pods"] = api.MANAGED_PODS_SELECTOR
     settings.watching.chunk_size = PAGE_SIZE

@@ -28,7 +28,7 @@ from kubetf.core.config import OperatorConfig
 log = logging.getLogger("kubetf.runtime.positions")
 
 PAGE = 1000  # the visibility API's own default and maximum page
-RESYNC = 2  # the work queue's lowest priority (controller.RESYNC): a place in a queue is never urgent
+RESYNC = 3  # the work queue's lowest priority (controller.RESYNC): a place in a queue is never urgent
 
 
 class Reader(Protocol):
