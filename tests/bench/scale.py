@@ -139,13 +139,29 @@ class Process:
         calls = self.all_api_calls()
         return None if calls is None else Counter({k: v for k, v in calls.items() if k[1] != "leases"})
 
-    def all_api_calls(self) -> Counter | None:
-        """kubetf_api_requests_total by (verb, resource); None when the operator has no such counter."""
+    def metrics(self) -> str | None:
         try:
             url = f"http://127.0.0.1:{self.operator.metrics_port}/metrics"
             with urllib.request.urlopen(url, timeout=5) as response:
-                text = response.read().decode()
+                return response.read().decode()
         except OSError:
+            return None
+
+    def queue_waits(self) -> dict[str, Counter]:
+        """kubetf_workqueue_wait_seconds by priority: each bucket's cumulative count, by its upper bound."""
+        waits: dict[str, Counter] = {}
+        for family in text_string_to_metric_families(self.metrics() or ""):
+            if family.name == "kubetf_workqueue_wait_seconds":
+                for sample in family.samples:
+                    if sample.name.endswith("_bucket"):
+                        bound = float(sample.labels["le"])
+                        waits.setdefault(sample.labels["priority"], Counter())[bound] = sample.value
+        return waits
+
+    def all_api_calls(self) -> Counter | None:
+        """kubetf_api_requests_total by (verb, resource); None when the operator has no such counter."""
+        text = self.metrics()
+        if text is None:
             return None
         for family in text_string_to_metric_families(text):
             if family.name in ("kubetf_api_requests", "kubetf_api_requests_total"):
@@ -157,6 +173,21 @@ class Process:
                     }
                 )
         return None
+
+
+def queue_waits(before: dict[str, Counter], after: dict[str, Counter]) -> str:
+    """The work queue's waits for a worker between two readings, by priority: the bucket bounds that hold half and
+    99% of them (Prometheus buckets: an upper bound, not a measurement)."""
+    parts = []
+    for priority in ("urgent", "follow", "normal", "resync"):
+        delta = after.get(priority, Counter()) - before.get(priority, Counter())
+        total = delta.get(math.inf, 0)
+        if not total:
+            continue
+        bounds = sorted(delta)
+        p50, p99 = (next(b for b in bounds if delta[b] >= q * total) for q in (0.5, 0.99))
+        parts.append(f"{priority} n={total:.0f} p50 <= {p50 * 1000:.0f} ms, p99 <= {p99 * 1000:.0f} ms")
+    return "; ".join(parts) or "none"
 
 
 def writes(calls: Counter | None) -> float | None:
@@ -512,6 +543,7 @@ def main() -> None:
         # 2. jobs to Running
         names = [f"s-{i}" for i in range(args.jobs)]
         cpu0, created0, t0 = process.cpu(), process.api_calls(), time.monotonic()
+        waits0 = process.queue_waits()
         create_jobs(cluster, namespace, names)
         applied = time.monotonic()
         done = state.wait(lambda: all(state.running(n) for n in names), args.timeout, f"{args.jobs} jobs Running")
@@ -522,6 +554,7 @@ def main() -> None:
             f"({args.jobs / (done - t0):.1f} jobs/s)"
         )
         out(f"  a job's status Running after its pods all were: {state.status_lag(names)}")
+        out(f"  waits in the work queue for a worker: {queue_waits(waits0, process.queue_waits())}")
         out(f"  operator RSS with {args.jobs} jobs Running ({PODS_PER_JOB * args.jobs} pods): {process.rss():.0f} MiB")
         out(f"  operator CPU create -> Running: {(cpu1 - cpu0) / args.jobs * 1000:.1f} ms per job")
         out(f"  API calls create -> Running: {per_job(created0, created1, args.jobs)}")
@@ -556,6 +589,7 @@ def main() -> None:
         burst_thread = threading.Thread(
             target=lambda: (create_jobs(cluster, namespace, burst), created.append(time.monotonic()))
         )
+        waits0 = process.queue_waits()
         t0 = time.monotonic()
         burst_thread.start()
         for job in victims:
@@ -588,6 +622,7 @@ def main() -> None:
             f"{fmt_ms(list(state.recovered.values()))}"
         )
         out(f"    of which: {state.preemption_steps()}")
+        out(f"  waits in the work queue for a worker: {queue_waits(waits0, process.queue_waits())}")
         everyone = names + burst
         state.wait(lambda: all(state.running(n) for n in everyone), args.timeout, "every job Running")
         state.wait_quiet(process, timeout=600)

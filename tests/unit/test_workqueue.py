@@ -123,3 +123,20 @@ def test_worker_threads_are_woken_by_adds_and_by_due_timers():
     queue.at(time.time() + 0.1, "c", 2)
     assert done.wait(3), handled
     queue.shutdown()
+
+
+def test_a_keys_wait_for_a_worker_is_reported_at_the_priority_it_is_handed_out_at():
+    now = [100.0]
+    waits = []
+    queue = WorkQueue(clock=lambda: now[0], on_wait=lambda priority, seconds: waits.append((priority, seconds)))
+    queue.add("job", 1)
+    now[0] += 2
+    queue.add("job", 0)  # asked for again, more urgently: its urgent wait starts
+    now[0] += 1
+    assert queue.get() == ("job", 0)
+    queue.done("job")
+    queue.add("job", 1)
+    now[0] += 4
+    assert queue.get() == ("job", 1)
+    assert waits == [(0, 1.0), (1, 4.0)]
+    queue.shutdown()

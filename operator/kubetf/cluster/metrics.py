@@ -12,6 +12,12 @@ RECONCILE_SECONDS = Histogram(
 RECONCILE_ERRORS = Counter("kubetf_reconcile_errors_total", "Reconciles that raised")
 API_REQUESTS = Counter("kubetf_api_requests_total", "Kubernetes API requests sent", ["verb", "resource"])
 QUEUE_DEPTH = Gauge("kubetf_workqueue_depth", "Jobs waiting for a reconcile")
+QUEUE_WAIT = Histogram(
+    "kubetf_workqueue_wait_seconds",
+    "How long a job ready for a reconcile waited for a worker, by priority (urgent, follow, normal, resync)",
+    ["priority"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
 LEADER = Gauge("kubetf_leader", "1 while this operator holds the leader lease")
 API_ERRORS = Counter("kubetf_api_errors_total", "Kubernetes API errors", ["verb", "resource", "code"])
 CACHED_PODS = Gauge("kubetf_cached_pods", "Pods in the operator's cache: its own (the watch is filtered server-side)")

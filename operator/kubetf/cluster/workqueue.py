@@ -26,9 +26,15 @@ class ShutDown(Exception):
 
 class WorkQueue(Generic[Key]):
     def __init__(
-        self, backoff_first: float = 1.0, backoff_cap: float = 300.0, clock: Callable[[], float] = time.time
+        self,
+        backoff_first: float = 1.0,
+        backoff_cap: float = 300.0,
+        clock: Callable[[], float] = time.time,
+        on_wait: Callable[[int, float], None] = lambda priority, seconds: None,
     ) -> None:
-        self.clock = clock
+        """`on_wait(priority, seconds)`: called as a key is handed out, with how long it waited for a worker at the
+        priority it is handed out at (client-go's workqueue_queue_duration_seconds, by priority)."""
+        self.clock, self.on_wait = clock, on_wait
         self.backoff_first, self.backoff_cap = backoff_first, backoff_cap
         lock = threading.Lock()
         self.cond = threading.Condition(lock)  # workers wait on this one ...
@@ -36,6 +42,7 @@ class WorkQueue(Generic[Key]):
         self.seq = itertools.count()
         self.ready: list[tuple[int, int, Key]] = []  # (priority, sequence, key): lower runs first
         self.queued: dict[Key, tuple[int, int]] = {}  # the live entry of each queued key
+        self.ready_since: dict[Key, float] = {}  # since when each queued key waits at its priority
         self.processing: set[Key] = set()
         self.again: dict[Key, int] = {}  # added while processing: queued when done, at this priority
         self.timers: list[tuple[float, int, Key, int]] = []  # (when, sequence, key, priority)
@@ -62,6 +69,7 @@ class WorkQueue(Generic[Key]):
             return
         entry = (priority, next(self.seq))
         self.queued[key] = entry
+        self.ready_since[key] = self.clock()  # its wait at this priority starts
         heapq.heappush(self.ready, (*entry, key))
         self.cond.notify()
 
@@ -86,6 +94,7 @@ class WorkQueue(Generic[Key]):
                     if self.queued.get(key) == (priority, seq):
                         del self.queued[key]
                         self.processing.add(key)
+                        self.on_wait(priority, self.clock() - self.ready_since.pop(key))
                         return key, priority
                 self.cond.wait()
 

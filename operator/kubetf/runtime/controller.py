@@ -34,6 +34,7 @@ from kubetf.runtime.progress.gauges import JobSeries
 log = logging.getLogger("kubetf.operator")
 
 RESYNC = positions.RESYNC  # nothing changed but a job's place in its queue (the others: runtime.executor)
+PRIORITY_NAMES = {URGENT: "urgent", FOLLOW: "follow", NORMAL: "normal", RESYNC: "resync"}
 GANG_APIS = (f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}", f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}")
 
 
@@ -42,7 +43,12 @@ class Controller:
         self.kube, self.config, self.clock = kube, config, clock
         self.store = Store(config.tombstone_seconds)
         metrics.CACHED_PODS.set_function(lambda: self.store.cached_pods)
-        self.queue: WorkQueue[Key] = WorkQueue(config.error_backoff_first, config.error_backoff_cap, clock)
+        self.queue: WorkQueue[Key] = WorkQueue(
+            config.error_backoff_first,
+            config.error_backoff_cap,
+            clock,
+            on_wait=lambda priority, seconds: metrics.QUEUE_WAIT.labels(PRIORITY_NAMES[priority]).observe(seconds),
+        )
         self.expectations: Expectations[Key] = Expectations(config.expectations_timeout, clock)
         self.lock = threading.Lock()
         self.positions = QueuePositions(kube, self.store, self.queue, config, clock)
