@@ -41,7 +41,6 @@ import resource
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -174,9 +173,7 @@ def window(process: Process, seconds: float) -> dict[str, float]:
 
 def lag_buckets(process: Process) -> tuple[dict[float, float], float]:
     """kubetf_event_loop_lag_seconds: cumulative count per bucket bound, and the count."""
-    url = f"http://127.0.0.1:{process.operator.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=30) as response:
-        text = response.read().decode()
+    text = process.metrics("kubetf_event_loop_lag_seconds_bucket", "kubetf_event_loop_lag_seconds_count") or ""
     buckets: dict[float, float] = {}
     count = 0.0
     for family in text_string_to_metric_families(text):
@@ -189,11 +186,16 @@ def lag_buckets(process: Process) -> tuple[dict[float, float], float]:
     return buckets, count
 
 
+def jobs_known(process: Process) -> float:
+    """How many jobs the operator holds (kubetf_jobs, every phase): a job's farewell takes it out, then its series."""
+    text = process.metrics("kubetf_jobs") or ""
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "kubetf_jobs" for s in f.samples)
+
+
 def series_of(process: Process, namespace: str) -> int:
-    """The per-job series on the operator's /metrics of jobs in `namespace`."""
-    url = f"http://127.0.0.1:{process.operator.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=30) as response:
-        text = response.read().decode()
+    """The per-job series on the operator's /metrics of jobs in `namespace` (the whole page: seconds of the operator's
+    CPU at 10,000 jobs; not read while the event loop is measured)."""
+    text = process.metrics() or ""
     return sum(1 for line in text.splitlines() if line.startswith("kubetf_job_") and f'namespace="{namespace}"' in line)
 
 
@@ -213,9 +215,11 @@ def stalled(cluster: Cluster, namespace: str) -> tuple[int, int]:
 
 
 def delete_jobs(cluster: Cluster, process: Process, namespace: str, names: list[str]) -> None:
-    """Delete `names` at once; kopf's event-loop lag meanwhile, and whether their series went."""
-    before, count0 = lag_buckets(process)
+    """Delete `names` at once; kopf's event-loop lag until the operator has let them go, then whether their series
+    went."""
     series0 = series_of(process, namespace)
+    known0 = jobs_known(process)
+    before, count0 = lag_buckets(process)
     start = time.monotonic()
     parallel(
         lambda name: cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace,
@@ -223,7 +227,7 @@ def delete_jobs(cluster: Cluster, process: Process, namespace: str, names: list[
         names,
     )  # fmt: skip
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and series_of(process, namespace) > series0 - len(names) * 3:
+    while time.monotonic() < deadline and jobs_known(process) > known0 - len(names):
         time.sleep(1)
     took = time.monotonic() - start
     after, count1 = lag_buckets(process)
@@ -232,9 +236,9 @@ def delete_jobs(cluster: Cluster, process: Process, namespace: str, names: list[
     worst = min((le for le in after if after[le] - before.get(le, 0) == probes), default=float("inf"))
     series1 = series_of(process, namespace)
     out(
-        f"\ndeleting {len(names)} jobs: their series gone in {took:.0f} s ({series0} -> {series1} series of the "
-        f"namespace); kopf's event loop over that time: {probes:.0f} probes, {late:.0f} of them more than 50 ms late, "
-        f"every one within {worst * 1000:.0f} ms"
+        f"\ndeleting {len(names)} jobs: the operator let them go in {took:.0f} s ({series0} -> {series1} series of the "
+        f"namespace after); kopf's event loop over that time: {probes:.0f} probes, {late:.0f} of them more than 50 ms "
+        f"late, every one within {worst * 1000:.0f} ms"
     )
 
 

@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import parse_qs
 
 import kopf
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -172,17 +173,18 @@ def _wait_for_leadership(elector: LeaderElector) -> bool:
     return True
 
 
-def _get(answers: Mapping[str, Callable[[], Answer]]) -> Callable[[Head], Answer]:
-    """A port that serves GET on the given paths."""
+def _get(answers: Mapping[str, Callable[[Mapping[str, list[str]]], Answer]]) -> Callable[[Head], Answer]:
+    """A port that serves GET on the given paths; each answer gets the request's query."""
     paths = " or ".join(answers)
 
     def admit(head: Head) -> Answer:
-        answer = answers.get(head.target.split("?")[0])
+        path, _, query = head.target.partition("?")
+        answer = answers.get(path)
         if answer is None:
             return Answer(404, f"GET {paths}")
         if head.method != "GET":
             return Answer(405, f"GET {paths}")
-        return answer()
+        return answer(parse_qs(query))
 
     return admit
 
@@ -193,10 +195,16 @@ def _port_limits(config: OperatorConfig) -> Limits:
 
 def _serve_metrics(port: int, config: OperatorConfig) -> None:
     """Prometheus /metrics, on the operator's bounded server (runtime.server), like every port of it."""
-    metrics_answer = _get(
-        {"/metrics": lambda: Answer(200, content=generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)}
-    )
-    Server(port, metrics_answer, _no_body, _port_limits(config), name="metrics").start()
+    Server(port, _get({"/metrics": metrics_page}), _no_body, _port_limits(config), name="metrics").start()
+
+
+def metrics_page(query: Mapping[str, list[str]]) -> Answer:
+    """Every series, or only the samples `name[]` names (as prometheus_client's own handler: `?name[]=kubetf_jobs`).
+    A whole page grows with the jobs' own series: at 10,000 jobs reporting 20 metrics each it was 13 MB and took 4 s
+    of CPU, where a scrape of one family costs that family only."""
+    names = query.get("name[]")
+    registry = REGISTRY.restricted_registry(names) if names else REGISTRY
+    return Answer(200, content=generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 def _serve_health(
@@ -206,10 +214,10 @@ def _serve_health(
     /readyz: 200 once the operator can take over, its election having reached the API server (without an election:
     once it serves); a rolling upgrade replaces the next old pod only then."""
 
-    def health() -> Answer:
+    def health(_query: Mapping[str, list[str]]) -> Answer:
         return Answer(200, content=f"ok {role()}\n".encode()) if healthy() else Answer(500, content=b"unhealthy\n")
 
-    def readiness() -> Answer:
+    def readiness(_query: Mapping[str, list[str]]) -> Answer:
         return Answer(200, content=f"ok {role()}\n".encode()) if ready() else Answer(503, content=b"not yet\n")
 
     answers = {"/healthz": health, "/readyz": readiness}
