@@ -21,14 +21,6 @@ QUEUE_WAIT = Histogram(
 LEADER = Gauge("kubetf_leader", "1 while this operator holds the leader lease")
 API_ERRORS = Counter("kubetf_api_errors_total", "Kubernetes API errors", ["verb", "resource", "code"])
 CACHED_PODS = Gauge("kubetf_cached_pods", "Pods in the operator's cache: its own (the watch is filtered server-side)")
-JOB_PROGRESS = Gauge("kubetf_job_progress_ratio", "A job's training progress, 0 to 1", ["namespace", "job"])
-JOB_STEPS_PER_SECOND = Gauge("kubetf_job_steps_per_second", "A job's training steps per second", ["namespace", "job"])
-JOB_METRIC = Gauge("kubetf_job_metric", "The latest value of a metric a job reports", ["namespace", "job", "metric"])
-JOB_HEALTH = Gauge(
-    "kubetf_job_training_unhealthy",
-    "1 while a running job's training is unhealthy, by reason",
-    ["namespace", "job", "reason"],
-)
 REQUESTS = Counter(
     "kubetf_http_requests_total", "Requests the operator's ports answered, by port and status", ["port", "code"]
 )
