@@ -18,6 +18,10 @@ at once by --parallel client threads, jobs/s until every child exists; the opera
 burst, and its CPU seconds per job (/proc/<pid>/stat, over the sequential jobs and the burst until it is quiet).
 --foreign-pods N: afterwards, N plain pods of no job in another namespace (on kwok nodes when nodes labelled
 type=kwok exist, else unscheduled); each operator is started fresh and its RSS read once it is quiet.
+--without-pod-webhooks: the pod webhooks of the cluster (Kueue's pod integration calls one, mutating and one
+validating, on every namespace but its own and kube-system, as it ships) skip the bench's namespaces for the run
+(a namespaceSelector expression, taken back at the end): a run with and one without say what they cost every pod
+create, kubetf's and everyone else's. The first line says which webhooks were in the path.
 
 Each contender holds /tmp/kubetf-cluster.lock (--lock) while it uses the cluster; do not wrap this in flock.
 Uses $KUBECONFIG, else brings the local cluster up (tests/cluster).
@@ -59,6 +63,51 @@ from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, pod_temp
 
 KUBETF_SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1), "worker": replica(4)}}
 CREATE_TIMEOUT = 900  # Kubeflow at 20 QPS takes minutes for a burst of 200
+SKIP_WEBHOOKS = "kubetf.io/bench-skips-pod-webhooks"  # on the bench's namespaces; --without-pod-webhooks uses it
+SKIP = {"key": SKIP_WEBHOOKS, "operator": "DoesNotExist"}
+
+
+class PodWebhooks:
+    """The cluster's admission webhooks on pod creates; `skip_bench` makes them pass the bench's namespaces by,
+    `restore` takes that back."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.admission = client.AdmissionregistrationV1Api(api)
+        self.kinds = (
+            (self.admission.list_mutating_webhook_configuration, self.admission.patch_mutating_webhook_configuration),
+            (
+                self.admission.list_validating_webhook_configuration,
+                self.admission.patch_validating_webhook_configuration,
+            ),
+        )
+
+    def names(self) -> list[str]:
+        return [webhook["name"] for _, _, webhook in self._on_pods()]
+
+    def skip_bench(self) -> None:
+        self._edit(lambda expressions: [*expressions, SKIP] if SKIP not in expressions else expressions)
+
+    def restore(self) -> None:
+        self._edit(lambda expressions: [e for e in expressions if e != SKIP])
+
+    def _on_pods(self) -> list[tuple[Callable, dict, dict]]:
+        found = []
+        for list_fn, patch_fn in self.kinds:
+            for config in json.loads(list_fn(_preload_content=False).data)["items"]:
+                for webhook in config.get("webhooks") or []:
+                    rules = webhook.get("rules") or []
+                    if any("pods" in (r.get("resources") or []) and "CREATE" in r.get("operations", []) for r in rules):
+                        found.append((patch_fn, config, webhook))
+        return found
+
+    def _edit(self, change: Callable[[list[dict]], list[dict]]) -> None:
+        for patch_fn, config, webhook in self._on_pods():
+            selector = dict(webhook.get("namespaceSelector") or {})
+            selector["matchExpressions"] = change(list(selector.get("matchExpressions") or []))
+            webhooks = [
+                {**w, "namespaceSelector": selector} if w["name"] == webhook["name"] else w for w in config["webhooks"]
+            ]
+            patch_fn(config["metadata"]["name"], {"webhooks": webhooks})
 
 
 @dataclass
@@ -146,7 +195,7 @@ class Bench:
     # --- namespaces
     def namespace(self, prefix: str) -> str:
         name = f"bench-{prefix}-{uuid.uuid4().hex[:6]}"
-        self.core.create_namespace({"metadata": {"name": name}})
+        self.core.create_namespace({"metadata": {"name": name, "labels": {SKIP_WEBHOOKS: "true"}}})
         deadline = time.monotonic() + 30
         while True:  # pods are refused until the namespace's default ServiceAccount exists
             try:
@@ -334,14 +383,20 @@ def main() -> None:
         "--only", default="raw,kubetf,kubeflow", help="comma-separated contenders: raw, kubetf, kubeflow"
     )
     parser.add_argument("--lock", default="/tmp/kubetf-cluster.lock", help="cluster lock file ('' for none)")
+    parser.add_argument(
+        "--without-pod-webhooks", action="store_true", help="the cluster's pod webhooks skip the bench's namespaces"
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
 
     binary = kubeflow.build() if "kubeflow" in only or args.foreign_pods else None
     bench = Bench(args)
+    webhooks = PodWebhooks(bench.api)
     print(
         f"bench-compare: 1 chief + 4 workers, {args.jobs} jobs one at a time, a burst of {args.burst} "
-        f"({args.parallel} client threads), pods unscheduled; cluster {bench.kubeconfig}; logs {bench.logs}",
+        f"({args.parallel} client threads), pods unscheduled; cluster {bench.kubeconfig}; logs {bench.logs}; "
+        f"pod webhooks {'skipped' if args.without_pod_webhooks else 'in the path'}: "
+        f"{', '.join(webhooks.names()) or 'none'}",
         flush=True,
     )
     results: dict[str, Result] = {}
@@ -351,6 +406,8 @@ def main() -> None:
             kubeflow.install_crd(bench.kubeconfig, bench.api)
         paused = paused_installed_operators(bench.cluster)
     try:
+        if args.without_pod_webhooks:
+            webhooks.skip_bench()
         if "raw" in only:
             with cluster_lock(args.lock):
                 print("raw API client, no operator:", flush=True)
@@ -409,6 +466,8 @@ def main() -> None:
                 finally:
                     bench.delete_namespace(namespace, timeout=600)
     finally:
+        if args.without_pod_webhooks:
+            webhooks.restore()
         if paused:
             with cluster_lock(args.lock):
                 resume(bench.cluster, paused)
