@@ -21,7 +21,8 @@ jobs were judged TrainingStalled though every one of them advanced (with --stall
 between two writes of a job's progress, a judge that read the stored progress would find them all stalled). Each
 report carries --metrics metrics (each a series on /metrics).
 
-3. with --delete N: N of the jobs deleted at once, and kopf's event loop measured meanwhile
+3. with --delete N: N of the jobs deleted at once while the others go on reporting (stopped, they would rightly be
+   judged stalled --stall-seconds later, in the middle of it), and kopf's event loop measured meanwhile
    (`kubetf_event_loop_lag_seconds`, a probe due every 100 ms): how many probes ran more than 50 ms late, and the
    worst bucket; then whether their series are gone from /metrics.
 
@@ -215,8 +216,8 @@ def stalled(cluster: Cluster, namespace: str) -> tuple[int, int]:
 
 
 def delete_jobs(cluster: Cluster, process: Process, namespace: str, names: list[str]) -> None:
-    """Delete `names` at once; kopf's event-loop lag until the operator has let them go, then whether their series
-    went."""
+    """Delete `names` at once (the other jobs' reports go on); kopf's event-loop lag until the operator has let them
+    go, then whether their series went."""
     series0 = series_of(process, namespace)
     known0 = jobs_known(process)
     before, count0 = lag_buckets(process)
@@ -231,15 +232,21 @@ def delete_jobs(cluster: Cluster, process: Process, namespace: str, names: list[
         time.sleep(1)
     took = time.monotonic() - start
     after, count1 = lag_buckets(process)
+    series1 = series_of(process, namespace)
+    out(
+        f"\ndeleting {len(names)} jobs while the others report: the operator let them go in {took:.0f} s ({series0} -> "
+        f"{series1} series of the namespace after); kopf's event loop over that time: "
+        f"{loop_lag(before, count0, after, count1)}"
+    )
+
+
+def loop_lag(before: dict[float, float], count0: float, after: dict[float, float], count1: float) -> str:
+    """kubetf_event_loop_lag_seconds between two readings: probes, how many ran more than 50 ms late, the bucket
+    that holds every one."""
     probes = count1 - count0
     late = probes - (after.get(0.05, 0) - before.get(0.05, 0))
     worst = min((le for le in after if after[le] - before.get(le, 0) == probes), default=float("inf"))
-    series1 = series_of(process, namespace)
-    out(
-        f"\ndeleting {len(names)} jobs: the operator let them go in {took:.0f} s ({series0} -> {series1} series of the "
-        f"namespace after); kopf's event loop over that time: {probes:.0f} probes, {late:.0f} of them more than 50 ms "
-        f"late, every one within {worst * 1000:.0f} ms"
-    )
+    return f"{probes:.0f} probes, {late:.0f} of them more than 50 ms late, every one within {worst * 1000:.0f} ms"
 
 
 def main() -> None:
@@ -293,10 +300,11 @@ def main() -> None:
         reporters.start()
         time.sleep(min(30.0, args.window / 2))  # past the first reports' TokenReviews and first writes
         reporters.take()
+        lag0 = lag_buckets(process)
         busy = window(process, args.window)
+        lag1 = lag_buckets(process)
         answers, latencies = reporters.take()
         own1 = resource.getrusage(resource.RUSAGE_SELF)
-        reporters.stop()
         now = time.time()
         ages = [
             now - parse_time(p["lastReportTime"])
@@ -306,6 +314,8 @@ def main() -> None:
         ]  # fmt: skip
         for w in watches:
             w.stopped = True
+        if not args.delete:
+            reporters.stop()  # else they go on: a job whose reports stop is rightly judged stalled
 
         seconds = busy["seconds"]
         out(f"\n{'':34}{'quiet':>12}{'reporting':>12}")
@@ -339,8 +349,10 @@ def main() -> None:
             f"{events} events, {unhealthy} jobs TrainingUnhealthy at the end (each job's status.progress is written "
             f"about every {args.jobs / 5:.0f} s at this load: 5 writes/s for all jobs)"
         )
+        out(f"kopf's event loop while reporting: {loop_lag(*lag0, *lag1)}")
         if args.delete:
             delete_jobs(cluster, process, namespace, names[: args.delete])
+            reporters.stop()
     finally:
         process.stop()
         out(f"operator log: {workdir / 'operator.log'}")
