@@ -520,8 +520,8 @@ def summary(args: argparse.Namespace, results: dict[str, Result], foreign: dict[
         print(f"  RSS after burst kubetf / Kubeflow:  {ratio(k.rss_after, f.rss_after)}")
         print(f"  CPU per job kubetf / Kubeflow:      {ratio(k.cpu_per_job, f.cpu_per_job)}  (target < 1)")
     if k and raw:
-        print(f"  burst kubetf / raw:                 {ratio(k.rate, raw.rate)}  (target >= 0.6)")
-        print(f"  p50 kubetf / raw:                   {ratio(k.p50, raw.p50)}  (target <= 1.5)")
+        print(f"  burst kubetf / raw:                 {ratio(k.rate, raw.rate)}  (target >= 0.8)")
+        print(f"  p50 kubetf / raw:                   {ratio(k.p50, raw.p50)}  (target <= 1.2)")
     if f and rawkf:
         print(f"  burst Kubeflow / raw (its objects): {ratio(f.rate, rawkf.rate)}")
         print(f"  p50 Kubeflow / raw (its objects):   {ratio(f.p50, rawkf.p50)}")
