@@ -219,20 +219,26 @@ class Cluster:
         seconds more: a negative check watched over its whole window, not a sleep before a look."""
         listed = self.core.list_namespaced_pod(namespace, label_selector=f"{api.LABEL_JOB}={job}")
         created: list[str] = []
+        broken: list[Exception] = []
         stream = watch.Watch()
 
         def record() -> None:
-            for event in stream.stream(
-                self.core.list_namespaced_pod, namespace, label_selector=f"{api.LABEL_JOB}={job}",
-                resource_version=listed.metadata.resource_version, timeout_seconds=int(timeout + then) + 5,
-            ):  # fmt: skip
-                if event["type"] == "ADDED":
-                    created.append(event["object"].metadata.name)
+            try:
+                for event in stream.stream(
+                    self.core.list_namespaced_pod, namespace, label_selector=f"{api.LABEL_JOB}={job}",
+                    resource_version=listed.metadata.resource_version, timeout_seconds=int(timeout + then) + 5,
+                ):  # fmt: skip
+                    if event["type"] == "ADDED":
+                        created.append(event["object"].metadata.name)
+            except Exception as error:  # the connection dropped (after the window: the namespace's teardown)
+                broken.append(error)
 
         watcher = threading.Thread(target=record, daemon=True)
         watcher.start()
         wait_for(until, timeout, "the condition before the watched window")
         time.sleep(then)  # the watch runs meanwhile: anything created in the window is recorded
+        # A watch that ended within the window would have missed what came after: the check would prove nothing.
+        assert watcher.is_alive() and not broken, f"the watch of {job}'s pods ended within the window: {broken}"
         stream.stop()
         return created
 
