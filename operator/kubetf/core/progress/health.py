@@ -15,7 +15,6 @@ from kubetf.core.progress.rates import duration, time_of
 from kubetf.core.status import format_time
 
 UNHEALTHY = "TrainingUnhealthy"  # a condition beside the phases: True with a reason while health() finds one
-HEALTH_REASONS = ("LossNotFinite", "TrainingStalled")
 
 
 def _is_non_finite(value: Any) -> bool:
