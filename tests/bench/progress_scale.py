@@ -173,18 +173,9 @@ def window(process: Process, seconds: float) -> dict[str, float]:
 
 
 def lag_buckets(process: Process) -> tuple[dict[float, float], float]:
-    """kubetf_event_loop_lag_seconds: cumulative count per bucket bound, and the count."""
-    text = process.metrics("kubetf_event_loop_lag_seconds_bucket", "kubetf_event_loop_lag_seconds_count") or ""
-    buckets: dict[float, float] = {}
-    count = 0.0
-    for family in text_string_to_metric_families(text):
-        if family.name == "kubetf_event_loop_lag_seconds":
-            for sample in family.samples:
-                if sample.name.endswith("_bucket"):
-                    buckets[float(sample.labels["le"])] = sample.value
-                elif sample.name.endswith("_count"):
-                    count = sample.value
-    return buckets, count
+    """kubetf_event_loop_lag_seconds: cumulative count per bucket bound, and the count (the +Inf bucket's)."""
+    buckets = dict(process.histogram("kubetf_event_loop_lag_seconds").get("", {}))
+    return buckets, buckets.get(math.inf, 0.0)
 
 
 def jobs_known(process: Process) -> float:

@@ -152,16 +152,21 @@ class Process:
         except OSError:
             return None
 
-    def queue_waits(self) -> dict[str, Counter]:
-        """kubetf_workqueue_wait_seconds by priority: each bucket's cumulative count, by its upper bound."""
-        waits: dict[str, Counter] = {}
-        for family in text_string_to_metric_families(self.metrics("kubetf_workqueue_wait_seconds_bucket") or ""):
-            if family.name == "kubetf_workqueue_wait_seconds":
+    def histogram(self, name: str, label: str | None = None) -> dict[str, Counter]:
+        """A histogram's buckets (each one's cumulative count, by its upper bound), by the value of `label` (all
+        under "" without one); read alone (`?name[]=`)."""
+        buckets: dict[str, Counter] = {}
+        for family in text_string_to_metric_families(self.metrics(f"{name}_bucket") or ""):
+            if family.name == name:
                 for sample in family.samples:
                     if sample.name.endswith("_bucket"):
-                        bound = float(sample.labels["le"])
-                        waits.setdefault(sample.labels["priority"], Counter())[bound] = sample.value
-        return waits
+                        by = sample.labels.get(label, "") if label else ""
+                        buckets.setdefault(by, Counter())[float(sample.labels["le"])] = sample.value
+        return buckets
+
+    def queue_waits(self) -> dict[str, Counter]:
+        """kubetf_workqueue_wait_seconds by priority."""
+        return self.histogram("kubetf_workqueue_wait_seconds", "priority")
 
     def all_api_calls(self) -> Counter | None:
         """kubetf_api_requests_total by (verb, resource); None when the operator has no such counter."""
