@@ -163,8 +163,12 @@ def test_a_job_submitted_to_the_manager_runs_on_the_worker_with_quota_and_mirror
     assert "managedBy" not in copy["spec"]
     assert worker2.job(namespace, "mk-mnist") is None  # no quota there: never dispatched
     assert manager.pods(namespace, "mk-mnist") == {}  # the manager runs nothing of it
-    adopted = worker1.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", workload_name)
-    assert kueue.controller_of(adopted)["uid"] == copy["metadata"]["uid"]  # the worker's operator adopted it
+
+    def adopted_by_the_copy() -> bool:  # the operator adopts the Workload in the round after it creates the pods
+        workload = worker1.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", workload_name)
+        return (kueue.controller_of(workload) or {}).get("uid") == copy["metadata"]["uid"]
+
+    wait_for(adopted_by_the_copy, 10, "worker1's Workload adopted by the job's copy there", interval=0.5)
 
     # While it trains, the manager shows the worker's phase and progress.
     def shows_progress() -> dict | None:
