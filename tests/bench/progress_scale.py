@@ -24,7 +24,8 @@ report carries --metrics metrics (each a series on /metrics).
 3. with --delete N: N of the jobs deleted at once while the others go on reporting (stopped, they would rightly be
    judged stalled --stall-seconds later, in the middle of it), and kopf's event loop measured meanwhile
    (`kubetf_event_loop_lag_seconds`, a probe due every 100 ms): how many probes ran more than 50 ms late, and the
-   worst bucket; then whether their series are gone from /metrics.
+   worst bucket, beside Python's full garbage collections (`kubetf_gc_pause_seconds`: each stops every thread, the
+   loop's too); then whether their series are gone from /metrics.
 
 The operator runs out of cluster as a subprocess, with the defaults of its progress flags (a job written at most
 every 30 s, 5 writes/s for all jobs) but --progress-stall-seconds; an installed one is scaled to zero meanwhile.
@@ -172,10 +173,13 @@ def window(process: Process, seconds: float) -> dict[str, float]:
     }
 
 
-def lag_buckets(process: Process) -> tuple[dict[float, float], float]:
-    """kubetf_event_loop_lag_seconds: cumulative count per bucket bound, and the count (the +Inf bucket's)."""
-    buckets = dict(process.histogram("kubetf_event_loop_lag_seconds").get("", {}))
-    return buckets, buckets.get(math.inf, 0.0)
+def pauses(process: Process) -> dict[str, Counter]:
+    """What holds kopf's event loop up, cumulative counts per bucket bound: its lag probes
+    (kubetf_event_loop_lag_seconds) and Python's full garbage collections (kubetf_gc_pause_seconds, generation 2)."""
+    return {
+        "lag": process.histogram("kubetf_event_loop_lag_seconds").get("", Counter()),
+        "gc": process.histogram("kubetf_gc_pause_seconds", "generation").get("2", Counter()),
+    }
 
 
 def jobs_known(process: Process) -> float:
@@ -211,7 +215,7 @@ def delete_jobs(cluster: Cluster, process: Process, namespace: str, names: list[
     go, then whether their series went."""
     series0 = series_of(process, namespace)
     known0 = jobs_known(process)
-    before, count0 = lag_buckets(process)
+    before = pauses(process)
     start = time.monotonic()
     parallel(
         lambda name: cluster.custom.delete_namespaced_custom_object("kubetf.io", "v1alpha1", namespace,
@@ -222,22 +226,31 @@ def delete_jobs(cluster: Cluster, process: Process, namespace: str, names: list[
     while time.monotonic() < deadline and jobs_known(process) > known0 - len(names):
         time.sleep(1)
     took = time.monotonic() - start
-    after, count1 = lag_buckets(process)
+    after = pauses(process)
     series1 = series_of(process, namespace)
     out(
         f"\ndeleting {len(names)} jobs while the others report: the operator let them go in {took:.0f} s ({series0} -> "
         f"{series1} series of the namespace after); kopf's event loop over that time: "
-        f"{loop_lag(before, count0, after, count1)}"
+        f"{held_up(before, after)}"
     )
 
 
-def loop_lag(before: dict[float, float], count0: float, after: dict[float, float], count1: float) -> str:
-    """kubetf_event_loop_lag_seconds between two readings: probes, how many ran more than 50 ms late, the bucket
-    that holds every one."""
-    probes = count1 - count0
-    late = probes - (after.get(0.05, 0) - before.get(0.05, 0))
-    worst = min((le for le in after if after[le] - before.get(le, 0) == probes), default=float("inf"))
-    return f"{probes:.0f} probes, {late:.0f} of them more than 50 ms late, every one within {worst * 1000:.0f} ms"
+def held_up(before: dict[str, Counter], after: dict[str, Counter]) -> str:
+    """Between two readings of `pauses`: the probes, how many ran more than 50 ms late, the bucket that holds every
+    one; the full collections and the bucket that holds the longest."""
+
+    def over(name: str) -> tuple[float, float, float]:
+        count = after[name].get(math.inf, 0) - before[name].get(math.inf, 0)
+        late = count - (after[name].get(0.05, 0) - before[name].get(0.05, 0))
+        within = min((le for le in after[name] if after[name][le] - before[name].get(le, 0) == count), default=0)
+        return count, late, within * 1000
+
+    probes, late, worst = over("lag")
+    collections, _, longest = over("gc")
+    return (
+        f"{probes:.0f} probes, {late:.0f} of them more than 50 ms late, every one within {worst:.0f} ms; "
+        f"{collections:.0f} full garbage collections, each within {longest:.0f} ms"
+    )
 
 
 def main() -> None:
@@ -291,9 +304,9 @@ def main() -> None:
         reporters.start()
         time.sleep(min(30.0, args.window / 2))  # past the first reports' TokenReviews and first writes
         reporters.take()
-        lag0 = lag_buckets(process)
+        held0 = pauses(process)
         busy = window(process, args.window)
-        lag1 = lag_buckets(process)
+        held1 = pauses(process)
         answers, latencies = reporters.take()
         own1 = resource.getrusage(resource.RUSAGE_SELF)
         now = time.time()
@@ -340,7 +353,7 @@ def main() -> None:
             f"{events} events, {unhealthy} jobs TrainingUnhealthy at the end (each job's status.progress is written "
             f"about every {args.jobs / 5:.0f} s at this load: 5 writes/s for all jobs)"
         )
-        out(f"kopf's event loop while reporting: {loop_lag(*lag0, *lag1)}")
+        out(f"kopf's event loop while reporting: {held_up(held0, held1)}")
         if args.delete:
             delete_jobs(cluster, process, namespace, names[: args.delete])
             reporters.stop()

@@ -30,6 +30,7 @@ from kubetf.core.progress.identity import AUDIENCE
 from kubetf.core.progress.protocol import MAX_BODY
 from kubetf.runtime import handlers
 from kubetf.runtime.controller import Controller
+from kubetf.runtime.heap import ShortFullCollections
 from kubetf.runtime.progress.endpoint import ProgressEndpoint
 from kubetf.runtime.server import Answer, Head, Limits, Server
 
@@ -94,6 +95,7 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
 
         elector.on_change = leadership
     threading.Thread(target=controller.run, args=(serving,), name="kubetf-start", daemon=True).start()
+    threading.Thread(target=_once_serving, args=(serving,), name="kubetf-heap-start", daemon=True).start()
     clusterwide, namespaces = kopf_scope(config)
     try:
         kopf.run(
@@ -144,6 +146,13 @@ def kopf_scope(config: OperatorConfig) -> tuple[bool, list[str]]:
     start or when that watch expires, would never be served."""
     scopes = config.list_scopes()
     return (True, []) if scopes == ("",) else (False, list(scopes))
+
+
+def _once_serving(serving: threading.Event) -> None:
+    """Full collections kept short (runtime.heap) from when the cache is primed: starting makes a heap of garbage
+    that the first complete collection takes away."""
+    serving.wait()
+    ShortFullCollections().start()
 
 
 def _role(elector: LeaderElector | None, serving: threading.Event) -> str:

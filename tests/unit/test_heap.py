@@ -1,0 +1,88 @@
+"""runtime.heap: full collections walk only what is newer than the last one; complete collections reclaim the cycles
+among what was frozen."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import REGISTRY
+
+from kubetf.runtime.heap import ShortFullCollections, collect_completely
+
+pytestmark = pytest.mark.unit
+
+
+class Node:
+    """A tracked object that can be put in a reference cycle and watched by a weak reference."""
+
+    def __init__(self) -> None:
+        self.peer: Node | None = None
+
+
+def cycle() -> tuple[Node, threading.Event]:
+    """A two-object cycle, and an event set when it is reclaimed."""
+    first, second = Node(), Node()
+    first.peer, second.peer = second, first
+    reclaimed = threading.Event()
+    weakref.finalize(first, reclaimed.set)
+    return first, reclaimed
+
+
+def walked(obj: object) -> bool:
+    """Whether the collector's generations hold `obj` (frozen objects are in none of them)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+@pytest.fixture
+def heap() -> Iterator[ShortFullCollections]:
+    heap = ShortFullCollections(every=3600)
+    heap.start()
+    yield heap
+    heap.stop()
+
+
+def test_what_survives_a_full_collection_is_walked_by_no_later_one(heap: ShortFullCollections) -> None:
+    survivor = Node()
+    assert walked(survivor)
+    gc.collect()
+    assert not walked(survivor)
+    heap.stop()  # thawed: walked again
+    assert walked(survivor)
+    heap.start()
+
+
+def test_a_cycle_that_became_garbage_while_frozen_waits_for_a_complete_collection(heap: ShortFullCollections) -> None:
+    node, reclaimed = cycle()
+    gc.collect()  # survived a full collection: frozen
+    del node
+    gc.collect()
+    assert not reclaimed.is_set()  # full collections no longer see it
+    assert collect_completely() >= 2
+    assert reclaimed.is_set()
+
+
+def test_the_complete_collections_come_on_their_own() -> None:
+    heap = ShortFullCollections(every=0.05)
+    heap.start()
+    try:
+        node, reclaimed = cycle()
+        gc.collect()
+        del node
+        assert reclaimed.wait(5), "a cycle among frozen objects was not reclaimed by the periodic complete collection"
+    finally:
+        heap.stop()
+
+
+def test_every_collection_is_timed_by_generation(heap: ShortFullCollections) -> None:
+    def count(generation: str) -> float:
+        return REGISTRY.get_sample_value("kubetf_gc_pause_seconds_count", {"generation": generation}) or 0.0
+
+    before = count("2")
+    gc.collect()
+    gc.collect(0)
+    assert count("2") >= before + 1
+    assert count("0") >= 1
