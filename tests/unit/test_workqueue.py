@@ -72,6 +72,38 @@ def test_shutdown_releases_waiting_workers():
     assert stopped.wait(2)
 
 
+def test_a_reserved_worker_takes_only_urgent_keys_while_the_others_are_busy():
+    queue = WorkQueue()
+    queue.add("busy", 2)
+    assert queue.get() == ("busy", 2)  # the only general worker is busy with it
+    taken: list[tuple[str, int]] = []
+    urgent_taken = threading.Event()
+
+    def reserved_worker():
+        try:
+            while True:
+                key, priority = queue.get(most=0)
+                taken.append((key, priority))
+                queue.done(key)
+                urgent_taken.set()
+        except ShutDown:
+            return
+
+    threading.Thread(target=reserved_worker, daemon=True).start()
+    queue.add("new job", 2)
+    queue.add("preempted", 0)
+    assert urgent_taken.wait(2), "the reserved worker was not woken by an urgent key"
+    assert taken == [("preempted", 0)]
+    queue.done("busy")
+    assert len(queue) == 1
+    assert queue.get() == ("new job", 2)  # left for a general worker
+    queue.add("busy", 0)  # its next disruption: the reserved worker takes it too
+    urgent_taken.clear()
+    assert urgent_taken.wait(2)
+    assert taken == [("preempted", 0), ("busy", 0)]
+    queue.shutdown()
+
+
 def test_expectations_are_met_by_what_the_watch_shows():
     now = [0.0]
     expectations = Expectations(timeout=30, clock=lambda: now[0])

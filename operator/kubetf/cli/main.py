@@ -337,6 +337,7 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--qps", "qps", float, "client-side API rate limit, requests/s"),
     ("--burst", "burst", int, "requests allowed above --qps in a burst"),
     ("--workers", "workers", int, "jobs reconciled in parallel"),
+    ("--urgent-workers", "urgent_workers", int, "more, for urgent reconciles only: a pod ended or is taken away"),
     ("--lease-namespace", "lease_namespace", str, "namespace of the leader Lease (in a pod: the pod's own namespace)"),
     ("--lease-name", "lease_name", str, "name of the leader Lease"),
     (

@@ -2,7 +2,8 @@
 
 - `WorkQueue`: each key is queued at most once, at the most urgent priority it was asked for; a key is never
   handed to two workers at once (added again while being processed, it comes back once it is done); wakeups at
-  a given time; per-key exponential backoff after errors.
+  a given time; per-key exponential backoff after errors; workers that take only keys up to a priority, so urgent
+  work never waits for a worker busy with other work.
 - `Expectations`: the creates and deletes a controller made and its watch has not shown yet, so that it never
   acts on a cache that has not seen its own writes.
 """
@@ -38,6 +39,8 @@ class WorkQueue(Generic[Key]):
         self.backoff_first, self.backoff_cap = backoff_first, backoff_cap
         lock = threading.Lock()
         self.cond = threading.Condition(lock)  # workers wait on this one ...
+        self.reserved_cond = threading.Condition(lock)  # ... workers that take only urgent keys on this one ...
+        self.reserved_for = -1  # ... keys of this priority or more urgent (set by `get(most=...)`)
         self.timer_cond = threading.Condition(lock)  # ... the timer thread on this one
         self.seq = itertools.count()
         self.ready: list[tuple[int, int, Key]] = []  # (priority, sequence, key): lower runs first
@@ -72,6 +75,8 @@ class WorkQueue(Generic[Key]):
         self.ready_since[key] = self.clock()  # its wait at this priority starts
         heapq.heappush(self.ready, (*entry, key))
         self.cond.notify()
+        if priority <= self.reserved_for:
+            self.reserved_cond.notify()
 
     def at(self, when: float, key: Key, priority: int) -> None:
         """Add `key` at `when` (clock time), unless an earlier wakeup of that priority is already set."""
@@ -83,20 +88,23 @@ class WorkQueue(Generic[Key]):
             heapq.heappush(self.timers, (when, next(self.seq), key, priority))
             self.timer_cond.notify()
 
-    def get(self) -> tuple[Key, int]:
-        """The next key to process, most urgent first (FIFO within a priority); blocks. Call `done` after."""
+    def get(self, most: int | None = None) -> tuple[Key, int]:
+        """The next key to process, most urgent first (FIFO within a priority); blocks. Call `done` after. With
+        `most`, only a key of that priority or more urgent (the queue's reserved workers all pass the same)."""
         with self.cond:
+            if most is not None:
+                self.reserved_for = most
             while True:
                 if self.stopped:
                     raise ShutDown
-                while self.ready:
+                while self.ready and (most is None or self.ready[0][0] <= most):
                     priority, seq, key = heapq.heappop(self.ready)
                     if self.queued.get(key) == (priority, seq):
                         del self.queued[key]
                         self.processing.add(key)
                         self.on_wait(priority, self.clock() - self.ready_since.pop(key))
                         return key, priority
-                self.cond.wait()
+                (self.cond if most is None else self.reserved_cond).wait()
 
     def done(self, key: Key) -> None:
         with self.cond:
@@ -124,6 +132,7 @@ class WorkQueue(Generic[Key]):
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
+            self.reserved_cond.notify_all()
             self.timer_cond.notify_all()
 
     def _timer_loop(self) -> None:

@@ -275,6 +275,10 @@ class Controller:
             thread = threading.Thread(target=self._work, name=f"kubetf-reconcile-{i}", daemon=True)
             thread.start()
             self.threads.append(thread)
+        for i in range(self.config.urgent_workers):
+            thread = threading.Thread(target=self._work, args=(URGENT,), name=f"kubetf-urgent-{i}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
         self.positions.start()
         self.book.start()
 
@@ -284,10 +288,10 @@ class Controller:
         self.book.stop()
         self.queue.shutdown()
 
-    def _work(self) -> None:
+    def _work(self, most: int | None = None) -> None:
         while True:
             try:
-                key, priority = self.queue.get()
+                key, priority = self.queue.get(most)
             except ShutDown:
                 return
             metrics.QUEUE_DEPTH.set(len(self.queue))
