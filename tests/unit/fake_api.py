@@ -7,6 +7,7 @@ controller, so a test can reconcile before the watch has shown the writes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from collections.abc import Callable, Iterable, Iterator
@@ -38,6 +39,7 @@ class FakeApi:
         self.logs: dict[str, str] = {}  # pod name -> what its training container printed
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
         self.version = itertools.count(1)
+        self.urgent_calls = 0
         self.uids = itertools.count(1)
         # Kueue: None when the cluster has none; else its LocalQueues (name -> ClusterQueue), Workloads (by name, as
         # stored), its cluster-scoped objects ("classes": (kind, name) -> WorkloadPriorityClass, PriorityClass or
@@ -47,6 +49,11 @@ class FakeApi:
         self.kueue: dict[str, Any] | None = None
         self.kueue_seen: dict[tuple[str, str], tuple[str, dict]] = {}  # (kind, name) -> what was last delivered
         self.served: dict[str, set[str]] = {}  # API discovery: group/version -> its resources (absent: not served)
+
+    @contextlib.contextmanager
+    def urgent(self) -> Iterator[None]:
+        self.urgent_calls += 1  # the reconciles run on the urgent lane
+        yield
 
     # --------------------------------------------------------------- watch
 

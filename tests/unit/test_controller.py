@@ -196,6 +196,23 @@ def test_a_pod_that_ended_goes_ahead_of_a_pod_that_started_which_goes_ahead_of_n
     ]
 
 
+def test_a_restarts_reconcile_makes_its_parallel_calls_on_the_urgent_lane_and_a_new_jobs_does_not():
+    """A restart's deletes and replacements must not queue behind other jobs' batches of creates (kube.Kube's
+    urgent pool)."""
+    shell = Shell(mwms())
+    assert shell.controller.queue.get() == (shell.key, NORMAL)
+    shell.controller.process(shell.key, NORMAL)  # the new job's creates
+    assert len(shell.api.pods) == 3 and shell.api.urgent_calls == 0
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
+    shell.api.update_pod("mnist-worker-1")
+    shell.api.deliver(shell.controller)
+    assert shell.controller.queue.get() == (shell.key, URGENT)
+    shell.controller.process(shell.key, URGENT)
+    assert shell.api.urgent_calls == 1
+
+
 def test_pods_that_start_together_cost_their_job_one_reconcile_and_one_status_write():
     """As the Job controller's batch period: a pod that started brings its job's reconcile pod_batch_seconds later,
     so its peers' starts within that time are decided with it; a pod taken away is acted on at once."""

@@ -7,6 +7,7 @@ the API server refuses is classified (`refusal`) so the job can say why instead 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -169,7 +170,23 @@ class Kube:
         self.timeout, self.log_timeout = timeout, log_timeout
         self.may_write = may_write
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kubetf-api")
+        # The parallel calls of an urgent reconcile (a restart's deletes and replacements) go on a pool of their
+        # own: on the shared one they queued behind other reconciles' batches of new jobs' creates.
+        self.urgent_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubetf-api-urgent")
+        self.lane = threading.local()
         self.instance = instance or socket.gethostname()
+
+    @contextlib.contextmanager
+    def urgent(self) -> Iterator[None]:
+        """Meanwhile, the parallel calls this thread makes go on the urgent pool."""
+        self.lane.urgent = True
+        try:
+            yield
+        finally:
+            self.lane.urgent = False
+
+    def _parallel(self) -> ThreadPoolExecutor:
+        return self.urgent_pool if getattr(self.lane, "urgent", False) else self.pool
 
     def _call(self, verb: str, resource: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self.limiter.acquire()
@@ -312,7 +329,7 @@ class Kube:
     def dry_run(self, objects: list[Obj], owner_uid: str) -> Refusal | None:
         """Server-side dry run of creating `objects` (validation and admission, nothing stored), in parallel:
         the worst refusal (invalid, then name in use, then denied), None when all may be created."""
-        found = [r for r in self.pool.map(lambda o: self._dry_run(o, owner_uid), objects) if r is not None]
+        found = [r for r in self._parallel().map(lambda o: self._dry_run(o, owner_uid), objects) if r is not None]
         order = (INVALID, NAME_IN_USE, DENIED, UNAVAILABLE)
         return min(found, key=lambda r: order.index(r.cause)) if found else None
 
@@ -366,7 +383,7 @@ class Kube:
         API server refuses costs a few calls, not one per replica (the Job controller's slow start)."""
         result = Creation()
         for done, batch in enumerate(batches):
-            outcomes = list(self.pool.map(self._create_outcome, batch))
+            outcomes = list(self._parallel().map(self._create_outcome, batch))
             for obj, outcome in zip(batch, outcomes, strict=True):
                 if isinstance(outcome, Exception):
                     result.skipped.append(obj["metadata"]["name"])
@@ -390,7 +407,7 @@ class Kube:
         """Delete these pods, in parallel; one that fails does not stop the others."""
         result = Deletion()
         for pod, outcome in zip(
-            pods, self.pool.map(lambda p: self._delete_outcome(p, grace_seconds), pods), strict=True
+            pods, self._parallel().map(lambda p: self._delete_outcome(p, grace_seconds), pods), strict=True
         ):
             if isinstance(outcome, Exception):
                 result.failed.append((pod, outcome))
@@ -511,7 +528,7 @@ class Kube:
         """Remove Kueue's pod-integration finalizer from these deleted pods (they run nothing any more:
         kueue.legacy_held), and end their deletion at once: the kubelet would confirm it only once it has cleaned
         up after the containers, most of a second that the replacement of the same name would wait for."""
-        list(self.pool.map(self._release, pods))
+        list(self._parallel().map(self._release, pods))
 
     def _release(self, pod: Obj) -> None:
         meta = pod["metadata"]

@@ -9,6 +9,7 @@ success.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ Obj = dict[str, Any]
 
 
 class KubeApi(Protocol):
+    def urgent(self) -> AbstractContextManager[None]: ...  # meanwhile, this thread's parallel calls go first
     # ---- reads (the cache is filled from the lists; the rest is read when a reconcile needs it)
     def list_paged(
         self, resource: str, namespaces: Iterable[str], label_selector: str = ..., api_version: str = ...

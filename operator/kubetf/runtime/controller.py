@@ -8,6 +8,7 @@ that started, which goes before new jobs' creations, which go before safety resy
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -300,7 +301,8 @@ class Controller:
     def process(self, key: Key, priority: int) -> None:
         """One reconcile of a key the queue handed out, and what its outcome means: its backoff, its failures."""
         try:
-            self.reconcile(key, priority)
+            with self.kube.urgent() if priority == URGENT else contextlib.nullcontext():
+                self.reconcile(key, priority)
             self.queue.forget(key)
             self._succeeded(key)
         except NotLeader as error:
