@@ -35,10 +35,3 @@ EVENT_LOOP_LAG = Histogram(
     "How late kopf's event loop ran a probe due every 100 ms (a blocked loop delays every watch)",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
-GC_PAUSE = Histogram(
-    "kubetf_gc_pause_seconds",
-    "How long each of Python's garbage collections stopped every thread, kopf's event loop included, by generation "
-    "(2: full, and the complete collections of kubetf.runtime.heap)",
-    ["generation"],
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
-)

@@ -20,15 +20,54 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from kubetf.cluster import metrics
+from prometheus_client import REGISTRY
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("kubetf.operator")
 
 # How long a reference cycle among long-lived objects may wait to be reclaimed; the memory it holds meanwhile is
 # bounded by this much of the operator's churn.
 COMPLETE_EVERY = 600.0
+
+PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _Pauses(Collector):
+    """kubetf_gc_pause_seconds, counted in plain numbers. Not a prometheus_client Histogram: a collection starts in
+    whichever thread allocates, possibly one holding that Histogram's lock (a scrape), and the callback taking it
+    again there would deadlock. Collections never overlap, so the counts need no lock."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[float]] = {}  # generation -> cumulative count per bucket, then +Inf, then sum
+
+    def observe(self, generation: int, seconds: float) -> None:
+        counts = self.counts.setdefault(str(generation), [0.0] * (len(PAUSE_BUCKETS) + 2))
+        for i, bound in enumerate(PAUSE_BUCKETS):
+            if seconds <= bound:
+                counts[i] += 1
+        counts[-2] += 1
+        counts[-1] += seconds
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            "kubetf_gc_pause_seconds",
+            "How long each of Python's garbage collections stopped every thread, kopf's event loop included, by "
+            "generation (2: full, and the complete collections of kubetf.runtime.heap)",
+            labels=["generation"],
+        )
+        for generation, counts in sorted(self.counts.items()):
+            snapshot = list(counts)
+            buckets = [(str(bound), n) for bound, n in zip(PAUSE_BUCKETS, snapshot, strict=False)]
+            family.add_metric([generation], [*buckets, ("+Inf", snapshot[-2])], snapshot[-1])
+        yield family
+
+
+PAUSES = _Pauses()
+REGISTRY.register(PAUSES)
 
 
 class ShortFullCollections:
@@ -57,7 +96,7 @@ class ShortFullCollections:
             self._started = time.perf_counter()
             return
         if self._started is not None:
-            metrics.GC_PAUSE.labels(str(info["generation"])).observe(time.perf_counter() - self._started)
+            PAUSES.observe(info["generation"], time.perf_counter() - self._started)
             self._started = None
         if info["generation"] == 2:
             gc.freeze()
