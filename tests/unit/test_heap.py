@@ -11,7 +11,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import REGISTRY
 
+from kubetf.cluster.workqueue import WorkQueue
 from kubetf.runtime.heap import ShortFullCollections, collect_completely
+from kubetf.runtime.runner import QUIET_RECONCILES, _quiet
 
 pytestmark = pytest.mark.unit
 
@@ -77,6 +79,28 @@ def test_the_complete_collections_come_on_their_own() -> None:
         heap.stop()
 
 
+def test_a_complete_collection_waits_for_a_quiet_moment() -> None:
+    asked = threading.Semaphore(0)
+    quiet = threading.Event()
+
+    def is_quiet() -> bool:
+        asked.release()
+        return quiet.is_set()
+
+    heap = ShortFullCollections(every=1.0, quiet=is_quiet)
+    heap.start()
+    try:
+        node, reclaimed = cycle()
+        gc.collect()
+        del node
+        assert asked.acquire(timeout=5) and asked.acquire(timeout=5), "the reconcilers were never asked"
+        assert not reclaimed.is_set(), "a complete collection while the reconcilers were busy"
+        quiet.set()
+        assert reclaimed.wait(5), "no complete collection once they were quiet"
+    finally:
+        heap.stop()
+
+
 def test_every_collection_is_timed_by_generation(heap: ShortFullCollections) -> None:
     def count(generation: str) -> float:
         return REGISTRY.get_sample_value("kubetf_gc_pause_seconds_count", {"generation": generation}) or 0.0
@@ -86,3 +110,16 @@ def test_every_collection_is_timed_by_generation(heap: ShortFullCollections) -> 
     gc.collect(0)
     assert count("2") >= before + 1
     assert count("0") >= 1
+
+
+def test_a_quiet_second_is_one_in_which_few_reconciles_began() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    quiet = _quiet(queue)
+    for i in range(QUIET_RECONCILES + 1):
+        queue.add(f"job-{i}", 2)
+        queue.done(queue.get()[0])
+    assert not quiet()  # a burst began since the last look
+    queue.add("one more", 2)
+    queue.done(queue.get()[0])
+    assert quiet()
+    queue.shutdown()

@@ -172,3 +172,15 @@ def test_a_keys_wait_for_a_worker_is_reported_at_the_priority_it_is_handed_out_a
     assert queue.get() == ("job", 1)
     assert waits == [(0, 1.0), (1, 4.0)]
     queue.shutdown()
+
+
+def test_the_keys_handed_out_are_counted():
+    queue = WorkQueue()
+    queue.add("a", 2)
+    queue.add("a", 0)  # once, at its most urgent
+    queue.add("b", 2)
+    assert queue.handed_out() == 0
+    assert queue.get() == ("a", 0)
+    assert queue.get() == ("b", 2)
+    assert queue.handed_out() == 2
+    queue.shutdown()

@@ -51,6 +51,7 @@ class WorkQueue(Generic[Key]):
         self.timers: list[tuple[float, int, Key, int]] = []  # (when, sequence, key, priority)
         self.due: dict[tuple[Key, int], float] = {}  # earliest wakeup per key and priority
         self.failures: dict[Key, int] = {}
+        self.given = 0
         self.stopped = False
         self.timer_thread = threading.Thread(target=self._timer_loop, name="workqueue-timers", daemon=True)
         self.timer_thread.start()
@@ -58,6 +59,11 @@ class WorkQueue(Generic[Key]):
     def __len__(self) -> int:
         with self.cond:
             return len(self.queued)
+
+    def handed_out(self) -> int:
+        """How many keys were handed to workers since the queue began: how busy it is, read twice."""
+        with self.cond:
+            return self.given
 
     def add(self, key: Key, priority: int) -> None:
         with self.cond:
@@ -102,6 +108,7 @@ class WorkQueue(Generic[Key]):
                     if self.queued.get(key) == (priority, seq):
                         del self.queued[key]
                         self.processing.add(key)
+                        self.given += 1
                         self.on_wait(priority, self.clock() - self.ready_since.pop(key))
                         return key, priority
                 (self.cond if most is None else self.reserved_cond).wait()

@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from kubetf.cluster.cache import Key
 from kubetf.cluster.kube import Kube, RateLimiter
 from kubetf.cluster.leader import LeaderElector
+from kubetf.cluster.workqueue import WorkQueue
 from kubetf.core.config import DEFAULT_LEASE_NAMESPACE, OperatorConfig
 from kubetf.core.progress.identity import AUDIENCE
 from kubetf.core.progress.protocol import MAX_BODY
@@ -95,7 +96,9 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
 
         elector.on_change = leadership
     threading.Thread(target=controller.run, args=(serving,), name="kubetf-start", daemon=True).start()
-    threading.Thread(target=_once_serving, args=(serving,), name="kubetf-heap-start", daemon=True).start()
+    threading.Thread(
+        target=_once_serving, args=(serving, _quiet(controller.queue)), name="kubetf-heap-start", daemon=True
+    ).start()
     clusterwide, namespaces = kopf_scope(config)
     try:
         kopf.run(
@@ -148,11 +151,27 @@ def kopf_scope(config: OperatorConfig) -> tuple[bool, list[str]]:
     return (True, []) if scopes == ("",) else (False, list(scopes))
 
 
-def _once_serving(serving: threading.Event) -> None:
+# A quiet second: no more reconciles began in it than this (a job's progress writes alone come 5 a second).
+QUIET_RECONCILES = 10
+
+
+def _quiet(queue: WorkQueue[Key]) -> Callable[[], bool]:
+    """Whether at most QUIET_RECONCILES reconciles began since the last time it was asked."""
+    seen = [queue.handed_out()]
+
+    def quiet() -> bool:
+        now = queue.handed_out()
+        began, seen[0] = now - seen[0], now
+        return began <= QUIET_RECONCILES
+
+    return quiet
+
+
+def _once_serving(serving: threading.Event, quiet: Callable[[], bool]) -> None:
     """Full collections kept short (runtime.heap) from when the cache is primed: starting makes a heap of garbage
-    that the first complete collection takes away."""
+    that the first complete collection takes away; the later ones wait for the reconcilers to be `quiet`."""
     serving.wait()
-    ShortFullCollections().start()
+    ShortFullCollections(quiet=quiet).start()
 
 
 def _role(elector: LeaderElector | None, serving: threading.Event) -> str:
