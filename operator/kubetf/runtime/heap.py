@@ -7,8 +7,8 @@ kopf's memory of each object, the progress book), so a full collection grows wit
 (`make bench-progress`: most of kopf's late event-loop probes fell on one).
 
 So what survived a full collection is frozen (`gc.freeze`: moved where the collector no longer looks, still freed
-by reference counting as usual), and a full collection walks only what is newer than the last one: 2-6 ms of CPU. The
-cost is that a reference cycle among frozen objects is not reclaimed when it becomes garbage (kopf's per-event
+by reference counting as usual), and a full collection walks only what is newer than the last one: 2-6 ms of
+CPU. The cost is that a reference cycle among frozen objects is not reclaimed when it becomes garbage (kopf's per-event
 bodies, closed connections: about 2,000-3,000 objects a minute and a half under the benchmark's load); a complete
 collection (everything thawed, collected, frozen again) reclaims them every COMPLETE_EVERY seconds, a pause as
 long as a full collection's was (390 ms at 10,000 jobs), once per interval instead of every few seconds. It waits
@@ -82,17 +82,20 @@ class ShortFullCollections:
     def __init__(self, every: float = COMPLETE_EVERY, quiet: Callable[[], bool] = lambda: True) -> None:
         self.every, self.quiet = every, quiet
         self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._complete_collections, name="kubetf-heap", daemon=True)
         self._started: float | None = None  # the running collection's start; collections never overlap (GIL)
 
     def start(self) -> None:
         """Collect completely once (what starting left behind) and freeze the rest."""
         collect_completely()
         gc.callbacks.append(self._on_collection)
-        threading.Thread(target=self._complete_collections, name="kubetf-heap", daemon=True).start()
+        self._thread.start()
         log.info("full collections walk only what is newer than the last; a complete one every %.0f s", self.every)
 
     def stop(self) -> None:
+        """Stop the complete collections (one under way ends first) and freeze nothing any more."""
         self._stop.set()
+        self._thread.join()
         gc.callbacks.remove(self._on_collection)
         gc.unfreeze()
 
