@@ -149,6 +149,10 @@ def load_config(kubeconfig: str | None = None) -> None:
         config.load_kube_config(config_file=kubeconfig)
 
 
+PARALLEL_CALLS = 32  # a reconcile's creates, deletes and dry runs in parallel, for all reconciles together
+URGENT_PARALLEL_CALLS = 8  # the same for urgent reconciles (Kube.urgent)
+
+
 class Kube:
     def __init__(
         self,
@@ -160,7 +164,10 @@ class Kube:
         log_timeout: tuple[float, float] = (2, 4),
     ) -> None:
         configuration = client.Configuration.get_default_copy()
-        configuration.connection_pool_maxsize = 32
+        # A connection for each thread that may call at once (the two pools, and the reconcile workers and other
+        # threads that call on their own): beyond it urllib3 opens one more and discards it after the call, a TLS
+        # handshake each time ("Connection pool is full" in the log, 4-13 times per bench-scale run at 32).
+        configuration.connection_pool_maxsize = PARALLEL_CALLS + URGENT_PARALLEL_CALLS + 24
         self.api_client = client.ApiClient(configuration)
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
@@ -169,10 +176,10 @@ class Kube:
         self.limiter = RateLimiter(qps, burst)
         self.timeout, self.log_timeout = timeout, log_timeout
         self.may_write = may_write
-        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kubetf-api")
+        self.pool = ThreadPoolExecutor(max_workers=PARALLEL_CALLS, thread_name_prefix="kubetf-api")
         # The parallel calls of an urgent reconcile (a restart's deletes and replacements) go on a pool of their
         # own: on the shared one they queued behind other reconciles' batches of new jobs' creates.
-        self.urgent_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubetf-api-urgent")
+        self.urgent_pool = ThreadPoolExecutor(max_workers=URGENT_PARALLEL_CALLS, thread_name_prefix="kubetf-api-urgent")
         self.lane = threading.local()
         self.instance = instance or socket.gethostname()
 

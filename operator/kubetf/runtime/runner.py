@@ -151,7 +151,7 @@ def kopf_scope(config: OperatorConfig) -> tuple[bool, list[str]]:
     return (True, []) if scopes == ("",) else (False, list(scopes))
 
 
-# A quiet second: no more reconciles began in it than this (a job's progress writes alone come 5 a second).
+# A quiet second: no more reconciles began in it than this (the progress writes of all jobs come 5 a second).
 QUIET_RECONCILES = 10
 
 
