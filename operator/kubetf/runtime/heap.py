@@ -11,7 +11,7 @@ by reference counting as usual), and a full collection walks only what is newer 
 CPU. The cost is that a reference cycle among frozen objects is not reclaimed when it becomes garbage (kopf's per-event
 bodies, closed connections: about 2,000-3,000 objects a minute and a half under the benchmark's load); a complete
 collection (everything thawed, collected, frozen again) reclaims them every COMPLETE_EVERY seconds, a pause as
-long as a full collection's was (390 ms at 10,000 jobs), once per interval instead of every few seconds. It waits
+long as a full collection's was (250-400 ms at 10,000 jobs), once per interval instead of every few seconds. It waits
 for a quiet second (few reconciles began in it), so that it does not land in a burst of work (a preemption, 1,000
 jobs deleted at once), unless none comes within another COMPLETE_EVERY.
 """

@@ -157,11 +157,12 @@ QUIET_RECONCILES = 10
 
 def _quiet(queue: WorkQueue[Key]) -> Callable[[], bool]:
     """Whether at most QUIET_RECONCILES reconciles began since the last time it was asked."""
-    seen = [queue.handed_out()]
+    seen = queue.handed_out()
 
     def quiet() -> bool:
+        nonlocal seen
         now = queue.handed_out()
-        began, seen[0] = now - seen[0], now
+        began, seen = now - seen, now
         return began <= QUIET_RECONCILES
 
     return quiet
