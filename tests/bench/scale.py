@@ -352,6 +352,22 @@ class State:
             parts.append(f"{label} {fmt_ms([s[end] - s[start] for s in steps])}")
         return "; ".join(parts)
 
+    def slowest_preemption(self, burst_start: float) -> str:
+        """The slowest preemption, step by step, and when it began: the p99 of 20 is this one."""
+        done = {job: s for job, s in self.steps.items() if {"answered", "deleting", "gone", "created"} <= s.keys()}
+        if not done:
+            return "n/a"
+        job, s = max(done.items(), key=lambda item: item[1]["created"] - item[1]["evicted"])
+
+        def ms(start: str, end: str) -> str:
+            return f"{(s[end] - s[start]) * 1000:.0f} ms"
+
+        return (
+            f"{job}, evicted {s['evicted'] - burst_start:.1f}s into the burst: answered {ms('evicted', 'answered')}, "
+            f"group marked {ms('answered', 'deleting')} later, gone {ms('deleting', 'gone')} later, replaced "
+            f"{ms('gone', 'created')} later"
+        )
+
     def on_other(self, kind: str, obj: dict) -> None:
         with self.lock:
             self.last_change = time.monotonic()
@@ -635,6 +651,7 @@ def main() -> None:
             f"{fmt_ms(list(state.recovered.values()))}"
         )
         out(f"    of which: {state.preemption_steps()}")
+        out(f"    the slowest: {state.slowest_preemption(t0)}")
         out(f"  waits in the work queue for a worker: {queue_waits(waits0, process.queue_waits())}")
         everyone = names + burst
         state.wait(lambda: all(state.running(n) for n in everyone), args.timeout, "every job Running")

@@ -151,6 +151,56 @@ def load_config(kubeconfig: str | None = None) -> None:
 
 PARALLEL_CALLS = 32  # a reconcile's creates, deletes and dry runs in parallel, for all reconciles together
 URGENT_PARALLEL_CALLS = 8  # the same for urgent reconciles (Kube.urgent)
+# The longest a write waits for urgent reconciles to end (UrgentFirst): new jobs are delayed by a storm of
+# disruptions, never starved by one.
+URGENT_HOLD_SECONDS = 5.0
+
+
+class UrgentFirst:
+    """While an urgent reconcile runs (a restart's event, status, deletes and replacements), the other writes wait
+    for it to end, at most `hold` seconds each. The API server answers every call in turn: behind a burst of new
+    jobs, each of a restart's steps waited for the 32 creates in flight beside it (bench-scale: the eviction answered
+    -> the group marked for deletion, p50 2.1 s). Reads and the writes that are not the job's (the lease, the
+    progress endpoint's TokenReviews) never wait."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.running = 0  # urgent reconciles in progress
+        self.idle = threading.Condition()
+        self.lane = threading.local()  # .urgent: this thread works for an urgent reconcile
+
+    @contextlib.contextmanager
+    def section(self) -> Iterator[None]:
+        """An urgent reconcile, on this thread."""
+        self.lane.urgent = True
+        with self.idle:
+            self.running += 1
+        try:
+            yield
+        finally:
+            self.lane.urgent = False
+            with self.idle:
+                self.running -= 1
+                if not self.running:
+                    self.idle.notify_all()
+
+    def mark_urgent(self) -> None:
+        """This thread only ever works for urgent reconciles (the urgent pool's)."""
+        self.lane.urgent = True
+
+    def is_urgent(self) -> bool:
+        return bool(getattr(self.lane, "urgent", False))
+
+    def wait_turn(self) -> None:
+        """Return when no urgent reconcile runs, or `hold` seconds from now; at once on an urgent thread."""
+        if self.is_urgent():
+            return
+        with self.idle:
+            if not self.running:
+                return
+            start = time.monotonic()
+            self.idle.wait_for(lambda: not self.running, timeout=self.hold)
+        metrics.API_WRITES_HELD.inc(time.monotonic() - start)
 
 
 class Kube:
@@ -179,26 +229,25 @@ class Kube:
         self.pool = ThreadPoolExecutor(max_workers=PARALLEL_CALLS, thread_name_prefix="kubetf-api")
         # The parallel calls of an urgent reconcile (a restart's deletes and replacements) go on a pool of their
         # own: on the shared one they queued behind other reconciles' batches of new jobs' creates.
-        self.urgent_pool = ThreadPoolExecutor(max_workers=URGENT_PARALLEL_CALLS, thread_name_prefix="kubetf-api-urgent")
-        self.lane = threading.local()
+        self.first = UrgentFirst(URGENT_HOLD_SECONDS)
+        self.urgent_pool = ThreadPoolExecutor(
+            URGENT_PARALLEL_CALLS, thread_name_prefix="kubetf-api-urgent", initializer=self.first.mark_urgent
+        )
         self.instance = instance or socket.gethostname()
 
-    @contextlib.contextmanager
-    def urgent(self) -> Iterator[None]:
-        """Meanwhile, the parallel calls this thread makes go on the urgent pool."""
-        self.lane.urgent = True
-        try:
-            yield
-        finally:
-            self.lane.urgent = False
+    def urgent(self) -> contextlib.AbstractContextManager[None]:
+        """Meanwhile, the parallel calls this thread makes go on the urgent pool, and other writes wait."""
+        return self.first.section()
 
     def _parallel(self) -> ThreadPoolExecutor:
-        return self.urgent_pool if getattr(self.lane, "urgent", False) else self.pool
+        return self.urgent_pool if self.first.is_urgent() else self.pool
 
     def _call(self, verb: str, resource: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        guarded = verb not in READS and resource not in UNGUARDED_RESOURCES
+        if guarded:
+            self.first.wait_turn()
         self.limiter.acquire()
         # After the limiter's wait, which may be long: a write leaves only while the lease is held (cluster.leader).
-        guarded = verb not in READS and resource not in UNGUARDED_RESOURCES
         if guarded and self.may_write is not None and not self.may_write():
             raise NotLeader(f"{verb} {resource}: this operator does not hold the leader lease")
         metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()

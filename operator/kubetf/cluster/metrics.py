@@ -19,6 +19,10 @@ QUEUE_WAIT = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 LEADER = Gauge("kubetf_leader", "1 while this operator holds the leader lease")
+API_WRITES_HELD = Counter(
+    "kubetf_api_writes_held_seconds_total",
+    "Seconds writes other than a restart's waited for urgent reconciles (a restart's calls go first)",
+)
 API_ERRORS = Counter("kubetf_api_errors_total", "Kubernetes API errors", ["verb", "resource", "code"])
 CACHED_PODS = Gauge("kubetf_cached_pods", "Pods in the operator's cache: its own (the watch is filtered server-side)")
 REQUESTS = Counter(
