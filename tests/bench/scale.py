@@ -1,7 +1,7 @@
 """Scale benchmark on kwok's fake nodes: prints numbers, asserts nothing.
 
     python -m tests.bench.scale [--jobs 2000] [--burst 200] [--preemptions 20] [--foreign-pods 0]
-                                [--operator-flags '--pod-batch-seconds 0']
+                                [--operator-flags '--pod-batch-seconds 0'] [--until-restart]
     make bench-scale ARGS="--jobs 100 --burst 20"
 
 Jobs of 1 chief + 4 workers (MultiWorkerMirrored) whose pod templates tolerate the fake nodes' taint and select
@@ -21,6 +21,7 @@ local cluster as needed (1,000 pods each). In order:
    and by step: the operator marks the rest of the group deleted, kwok removes the pods, the operator creates;
 5. every chief exits 0: time until every job is Succeeded with its workers cleaned up, CPU and API calls per job;
    API calls per job lifecycle = (2) + (5).
+--until-restart stops after (3), for a restart's memory among many jobs without the burst and the finish.
 
 API calls come from the operator's Prometheus counter `kubetf_api_requests_total{verb,resource}` on its
 --metrics-port ("n/a" when the operator has none). CPU is utime+stime from /proc/<pid>/stat, RSS VmRSS (peak:
@@ -533,6 +534,7 @@ def main() -> None:
     parser.add_argument(
         "--operator-flags", default="", help="more flags for the operator, to compare (e.g. '--pod-batch-seconds 0')"
     )
+    parser.add_argument("--until-restart", action="store_true", help="stop after the restart (phases 1-3)")
     args = parser.parse_args()
     args.preemptions = min(args.preemptions, args.jobs)
 
@@ -607,6 +609,9 @@ def main() -> None:
             else "  its API calls until idle: n/a"
         )
         out(f"  its RSS: {process.rss():.0f} MiB, peak {peak_rss_mib(process.pid):.0f} MiB")
+
+        if args.until_restart:
+            return
 
         # 4. preemptions during a burst
         burst = [f"b-{i}" for i in range(args.burst)]
