@@ -159,9 +159,9 @@ URGENT_HOLD_SECONDS = 5.0
 class UrgentFirst:
     """While an urgent reconcile runs (a restart's event, status, deletes and replacements), the other writes wait
     for it to end, at most `hold` seconds each. The API server answers every call in turn: behind a burst of new
-    jobs, each of a restart's steps waited for the 32 creates in flight beside it (bench-scale: the eviction answered
-    -> the group marked for deletion, p50 2.1 s). Reads and the writes that are not the job's (the lease, the
-    progress endpoint's TokenReviews) never wait."""
+    jobs, each of a restart's steps waited for the 32 creates in flight beside it (bench-scale, 2,000 jobs running
+    and 200 applied: eviction -> replacements p50 5.1 s; with the wait, 1.3 s). Reads and the writes that are not
+    the job's (the lease, the progress endpoint's TokenReviews) never wait."""
 
     def __init__(self, hold: float) -> None:
         self.hold = hold
