@@ -381,11 +381,11 @@ class Operator:
         self.port = 0
         self.progress_port = 0  # where it takes training pods' progress reports
 
-    def start(self, leader: bool = True) -> None:
+    def start(self, leader: bool = True, timeout: float = 30) -> None:
         """Start it; wait until it serves /healthz and, with `leader`, until it holds the lease."""
         self.launch()
         wanted = ("ok leader",) if leader else ("ok leader", "ok starting", "ok standby")
-        wait_for(lambda: self.role() in wanted, 30, f"the operator's /healthz to say {' or '.join(wanted)}")
+        wait_for(lambda: self.role() in wanted, timeout, f"the operator's /healthz to say {' or '.join(wanted)}")
 
     def launch(self) -> None:
         """Start the process and return at once, as a Deployment starts a replacement."""
