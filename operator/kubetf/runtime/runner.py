@@ -104,6 +104,7 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
         kopf.run(
             registry=handlers.registry(controller),
             settings=handlers.settings(),
+            memories=handlers.NoMemories(),
             standalone=True,
             clusterwide=clusterwide,
             namespaces=namespaces,
