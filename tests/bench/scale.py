@@ -39,6 +39,7 @@ import json
 import math
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -244,6 +245,11 @@ class RawWatch:
                     resource_version=version,
                     allow_watch_bookmarks=True,
                     timeout_seconds=240,
+                    # The API server ends a watch after timeout_seconds, but one it closed for a slow reader
+                    # ("Forcing watcher close due to unresponsiveness") could leave this read waiting for ever
+                    # (seen once: the benchmark's job phases stood still for minutes). Read again from the last
+                    # version instead.
+                    _request_timeout=(10, 270),
                     _preload_content=False,
                 )
                 for line in iter_resp_lines(response):
@@ -542,6 +548,12 @@ def main() -> None:
 
     kube = ensure_cluster()
     cluster = Cluster(kube.kubeconfig)
+    # An earlier run's namespace still being deleted: this run's operator would spend itself on those pods' events
+    # (and fail the quiet wait: "the operator was still writing").
+    leftover = cluster.core.list_namespace(label_selector="kubetf.io/bench=scale").items
+    if leftover:
+        sys.exit(f"an earlier run's namespaces still exist: {', '.join(n.metadata.name for n in leftover)}; wait for"
+                 " their deletion (kubectl get ns -l kubetf.io/bench=scale) and run again")
     cluster.install_crd()
     pods = PODS_PER_JOB * (args.jobs + args.burst) + args.foreign_pods
     nodes = max(4, math.ceil(pods * 1.2 / PODS_PER_FAKE_NODE))
