@@ -468,8 +468,11 @@ def parallel(fn: Callable[[Any], Any], items: Iterable[Any]) -> None:
             pass
 
 
+NAMESPACE_LABEL = ("kubetf.io/bench", "scale")  # on every namespace a run makes: the next run looks for them
+
+
 def create_namespace(cluster: Cluster, name: str) -> None:
-    cluster.core.create_namespace({"metadata": {"name": name, "labels": {"kubetf.io/bench": "scale"}}})
+    cluster.core.create_namespace({"metadata": {"name": name, "labels": dict([NAMESPACE_LABEL])}})
 
 
 def create_jobs(cluster: Cluster, namespace: str, names: list[str]) -> None:
@@ -550,10 +553,11 @@ def main() -> None:
     cluster = Cluster(kube.kubeconfig)
     # An earlier run's namespace still being deleted: this run's operator would spend itself on those pods' events
     # (and fail the quiet wait: "the operator was still writing").
-    leftover = cluster.core.list_namespace(label_selector="kubetf.io/bench=scale").items
+    selector = "=".join(NAMESPACE_LABEL)
+    leftover = cluster.core.list_namespace(label_selector=selector).items
     if leftover:
         sys.exit(f"an earlier run's namespaces still exist: {', '.join(n.metadata.name for n in leftover)}; wait for"
-                 " their deletion (kubectl get ns -l kubetf.io/bench=scale) and run again")
+                 f" their deletion (kubectl get ns -l {selector}) and run again")
     cluster.install_crd()
     pods = PODS_PER_JOB * (args.jobs + args.burst) + args.foreign_pods
     nodes = max(4, math.ceil(pods * 1.2 / PODS_PER_FAKE_NODE))
