@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kubetf.cluster.cache import Store, slim_pod
-from kubetf.core import policy
+from kubetf.core import gang, policy
 from kubetf.core import status as st
 
 pytestmark = pytest.mark.unit
@@ -50,6 +50,16 @@ def test_slim_pods_keep_what_the_decisions_read_and_little_else():
     assert policy.classify_pod(slim, "OnFailure") == policy.classify_pod(evicted, "OnFailure")
     assert st.pod_task(slim) == st.pod_task(evicted)
     assert len(json.dumps(slim)) < len(json.dumps(evicted)) / 4
+
+
+def test_slim_pods_keep_their_gangs_podgroup_in_either_scheduler():
+    native, volcano, plain = pod(), pod(), pod()
+    native["spec"]["schedulingGroup"] = {"podGroupName": "mnist-gang-0"}
+    volcano["metadata"]["annotations"] = {gang.VOLCANO_GROUP_ANNOTATION: "mnist-gang-1", "other": "x" * 100}
+    assert gang.pod_group(slim_pod(native)) == "mnist-gang-0"
+    assert gang.pod_group(slim_pod(volcano)) == "mnist-gang-1"
+    assert slim_pod(volcano)["metadata"]["annotations"] == {gang.VOLCANO_GROUP_ANNOTATION: "mnist-gang-1"}
+    assert gang.pod_group(slim_pod(plain)) is None and "annotations" not in slim_pod(plain)["metadata"]
 
 
 def test_an_older_version_never_replaces_a_newer_one():

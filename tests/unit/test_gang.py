@@ -302,23 +302,32 @@ def test_a_gang_not_placed_within_its_schedule_timeout_fails_or_waits_on_saying_
         assert {p["metadata"]["name"] for p in plan.delete} >= {"mnist-worker-1", "mnist-worker-2"}
 
 
-def test_a_group_restart_is_a_new_gang_and_the_old_podgroup_goes_once_its_pods_are_gone():
-    sim = cluster(mwms(), native=True)
+@pytest.mark.parametrize("native", [True, False], ids=["kubernetes", "volcano"])
+def test_a_group_restart_is_a_new_gang_and_the_old_podgroup_goes_once_its_pods_are_gone(native):
+    document = mwms() if native else mwms(gangScheduler="Volcano")
+    sim = cluster(document, native=native, volcano=not native)
     sim.step()
     place(sim)
     sim.step()
     sim.exit("mnist-worker-1", 1)
     sim.step(advance=20)  # the whole MWMS group restarts
+    sim.step()
+    assert "mnist-gang-0" in groups(sim)  # its pods are still terminating
     sim.gone()
     sim.step(advance=20)
+    assert "mnist-gang-0" not in groups(sim)  # once none of its pods is left, after the replacements were created
+    assert sim.api.calls.index("delete PodGroup mnist-gang-0") > max(
+        i for i, call in enumerate(sim.api.calls) if call == "create Pod"
+    )
+    sim.step()
+    assert sim.api.calls.count("delete PodGroup mnist-gang-0") == 1  # not again before its DELETED event
+    if not native:
+        return
     new = {n: p for n, p in sim.pods.items() if p["metadata"]["labels"]["kubetf.io/attempt"] == "1"}
     assert {p["spec"]["schedulingGroup"]["podGroupName"] for n, p in new.items() if "evaluator" not in n} == {
         "mnist-gang-1"
     }
     assert groups(sim)["mnist-gang-1"]["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}
-    sim.step()
-    assert "mnist-gang-0" not in groups(sim)  # no pod of the job uses it any more
-    assert "delete PodGroup mnist-gang-0" in sim.api.calls
 
 
 def test_a_lone_parameter_server_worker_replacement_joins_the_running_gang():

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from kubetf.core import api, kueue, policy
+from kubetf.core import api, gang, kueue, policy
 from kubetf.core import status as st
 
 Key = tuple[str, str]  # (namespace, name)
@@ -64,8 +64,8 @@ def _rest(job: Mapping[str, Any]) -> Obj:
 
 
 def slim_pod(pod: Mapping[str, Any]) -> Obj:
-    """The fields status.py, policy.py and sigterm.py read: identity, labels, the deletion, the containers' names,
-    the status."""
+    """The fields status.py, policy.py, sigterm.py and gang.py read: identity, labels, the deletion, the containers'
+    names, the gang's PodGroup, the status."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -82,9 +82,14 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     # the pod at once (executor).
     if meta.get("finalizers"):
         slim_meta["finalizers"] = list(meta["finalizers"])
+    # The gang's PodGroup the pod is in (gang.pod_group): an older generation's is deleted once no pod is in it.
+    group = (meta.get("annotations") or {}).get(gang.VOLCANO_GROUP_ANNOTATION)
+    if group:
+        slim_meta["annotations"] = {gang.VOLCANO_GROUP_ANNOTATION: group}
     slim_spec: Obj = {"containers": [{"name": c.get("name")} for c in spec.get("containers") or []]}
-    if spec.get("nodeName"):
-        slim_spec["nodeName"] = spec["nodeName"]
+    for name in ("nodeName", "schedulingGroup"):
+        if spec.get(name):
+            slim_spec[name] = spec[name]
     slim_status = {
         k: status[k]
         for k in ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses")
@@ -461,9 +466,11 @@ class Store:
             groups[meta.get("name") or ""] = (version, encoded)
         return key if current is None or current[1] != encoded else None
 
-    def remove_pod_group(self, group: Mapping[str, Any]) -> Key | None:
+    def remove_pod_group(self, group: Mapping[str, Any], key: Key | None = None) -> Key | None:
+        """Forget a PodGroup and ignore its later events; `key`: its job's, for a group as the cache holds it
+        (slim, without its labels)."""
         meta = group.get("metadata") or {}
-        key = (meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or "")
+        key = key or (meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or "")
         with self.lock:
             self._bury(meta.get("uid") or "")
             groups = self.pod_groups.get(key)

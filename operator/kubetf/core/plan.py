@@ -2,8 +2,9 @@
 
 The shell (kubetf.runtime) fills an `Observed` from its cache and the API, calls `reconcile.plan`, and carries the
 `Plan` out in a fixed order without deciding anything itself: post the events and store the status decided so far
-(when `persist_first`), delete, force-delete, release, create batch by batch, write the job's Workload (Kueue),
-then store the final status `reconcile.after_creates` derives from what was created.
+(when `persist_first`), delete, force-delete, release, create batch by batch, delete the PodGroups no pod uses,
+write the job's Workload (Kueue), then store the final status `reconcile.after_creates` derives from what was
+created.
 """
 
 from __future__ import annotations

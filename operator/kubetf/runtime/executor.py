@@ -81,6 +81,7 @@ class Executor:
             job, stored = self._write_status(key, job, stored, plan.status, plan)
         self._delete(key, plan)
         creation = self._create(key, plan)
+        self._delete_unused_groups(key, plan.delete_objects)
         self._write_workloads(key, plan.workload_writes)
         refusal = creation.refusal or trial_refusal
         final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config)
@@ -197,11 +198,17 @@ class Executor:
             self.queue.add(key, URGENT)
         if failed:
             raise failed[0][1]  # the job's reconcile is retried with its backoff, the deletes with it
-        for obj in plan.delete_objects:  # a gang's PodGroups no pod uses any more
-            log.info("%s/%s: deleting %s %s: no pod of the job uses it", *key, obj["kind"], obj["metadata"]["name"])
-            self.kube.delete_object(obj)
         # The DELETED events of the others bring the job back for the replacements.
         self._release(key, plan.release)
+
+    def _delete_unused_groups(self, key: Key, groups: list[dict[str, Any]]) -> None:
+        """A gang's PodGroups no pod uses any more: after the creates, which never wait for them (a group restart's
+        replacements are in a PodGroup of their own). Dropped from the cache once deleted: a reconcile before their
+        DELETED event would delete them again."""
+        for group in groups:
+            log.info("%s/%s: deleting %s %s: no pod of the job uses it", *key, group["kind"], group["metadata"]["name"])
+            self.kube.delete_object(group)
+            self.store.remove_pod_group(group, key)
 
     def _release(self, key: Key, pods: list[dict[str, Any]]) -> None:
         if pods:
