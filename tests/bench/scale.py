@@ -64,6 +64,10 @@ from tests.cluster.fixture import ensure_cluster
 from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, _installed_operators, pod_template, replica
 
 PODS_PER_JOB = 5
+VICTIM = "worker-1"  # the pod of each preempted job the Eviction API takes
+# A preemption's steps, each when the benchmark saw it: the eviction called, answered, the evicted pod's deletion
+# seen by the watch, every old pod marked for deletion, all of them gone, the replacements all created.
+PREEMPTION_STEPS = {"answered", "seen", "deleting", "gone", "created"}
 PODS_PER_FAKE_NODE = 1000
 QUIET = 5.0  # seconds without an API write that count as idle
 PROGRESS_EVERY = 60.0  # seconds between progress lines of a long wait
@@ -320,6 +324,8 @@ class State:
                     self.pods_running_at.setdefault(job, now)
             old = self.old_pods.get(job)
             if old is not None and meta["uid"] in old:
+                if meta["name"] == f"{job}-{VICTIM}" and (kind == "DELETED" or meta.get("deletionTimestamp")):
+                    self.steps[job].setdefault("seen", now)  # the eviction itself, as a watch shows it
                 if kind == "DELETED":
                     del old[meta["uid"]]
                 elif meta.get("deletionTimestamp"):
@@ -350,7 +356,7 @@ class State:
     def preemption_steps(self) -> str:
         """A preemption's time by step: the operator deletes the rest of the group (every old pod marked), kwok
         removes them (all gone: the group barrier), the operator creates the replacements."""
-        steps = [s for s in self.steps.values() if {"answered", "deleting", "gone", "created"} <= s.keys()]
+        steps = [s for s in self.steps.values() if s.keys() >= PREEMPTION_STEPS]
         parts = []
         for label, start, end in (
             ("the eviction answered (the API server)", "evicted", "answered"),
@@ -361,9 +367,21 @@ class State:
             parts.append(f"{label} {fmt_ms([s[end] - s[start] for s in steps])}")
         return "; ".join(parts)
 
+    def preemption_shares(self) -> str:
+        """A preemption's time, the operator's part and the cluster's."""
+        steps = [s for s in self.steps.values() if s.keys() >= PREEMPTION_STEPS]
+        # The operator acts from when a watch shows the eviction to the group marked, and from the old pods gone to
+        # the replacements; the rest is the API server's (its answer, its watch) and the kubelet's (kwok's).
+        operator = [(s["deleting"] - s["seen"]) + (s["created"] - s["gone"]) for s in steps]
+        cluster = [(s["seen"] - s["evicted"]) + (s["gone"] - s["deleting"]) for s in steps]
+        return (
+            f"the operator's part (eviction seen by a watch -> group marked, old pods gone -> replacements created) "
+            f"{fmt_ms(operator)}; the cluster's (eviction call -> seen by a watch, marked -> gone) {fmt_ms(cluster)}"
+        )
+
     def slowest_preemption(self, burst_start: float) -> str:
         """The slowest preemption, step by step, and when it began: the p99 of 20 is this one."""
-        done = {job: s for job, s in self.steps.items() if {"answered", "deleting", "gone", "created"} <= s.keys()}
+        done = {job: s for job, s in self.steps.items() if s.keys() >= PREEMPTION_STEPS}
         if not done:
             return "n/a"
         job, s = max(done.items(), key=lambda item: item[1]["created"] - item[1]["evicted"])
@@ -373,8 +391,8 @@ class State:
 
         return (
             f"{job}, evicted {s['evicted'] - burst_start:.1f}s into the burst: answered {ms('evicted', 'answered')}, "
-            f"group marked {ms('answered', 'deleting')} later, gone {ms('deleting', 'gone')} later, replaced "
-            f"{ms('gone', 'created')} later"
+            f"seen by a watch {ms('answered', 'seen')} later, group marked {ms('seen', 'deleting')} later, gone "
+            f"{ms('deleting', 'gone')} later, replaced {ms('gone', 'created')} later"
         )
 
     def on_other(self, kind: str, obj: dict) -> None:
@@ -649,7 +667,7 @@ def main() -> None:
                 state.steps[job] = {"evicted": time.monotonic()}
                 state.old_pods[job] = {uid: False for uid in state.pod_uids[job].values()}
                 attempts_before[job] = attempt
-            pod = f"{job}-worker-1"
+            pod = f"{job}-{VICTIM}"
             cluster.core.create_namespaced_pod_eviction(
                 pod,
                 namespace,
@@ -674,6 +692,7 @@ def main() -> None:
             f"{fmt_ms(list(state.recovered.values()))}"
         )
         out(f"    of which: {state.preemption_steps()}")
+        out(f"    {state.preemption_shares()}")
         out(f"    the slowest: {state.slowest_preemption(t0)}")
         out(f"  waits in the work queue for a worker: {queue_waits(waits0, process.queue_waits())}")
         everyone = names + burst
