@@ -11,6 +11,7 @@ watch over the whole test (`Timeline`): never from samples.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import subprocess
@@ -250,7 +251,10 @@ class Recorder:
     def close(self) -> None:
         self.stopping.set()
         if self.response is not None:
-            self.response.shutdown()  # unblocks the read in the recording thread, which then ends
+            # Unblocks the read in the recording thread, which then ends. A watch the API server has just ended (each
+            # after 60 s) has already given its connection back: nothing to unblock, and urllib3 refuses.
+            with contextlib.suppress(RuntimeError, OSError):
+                self.response.shutdown()
         if self in Recorder.open:
             Recorder.open.remove(self)
 
