@@ -49,6 +49,10 @@ class FakeApi:
         self.kueue: dict[str, Any] | None = None
         self.kueue_seen: dict[tuple[str, str], tuple[str, dict]] = {}  # (kind, name) -> what was last delivered
         self.served: dict[str, set[str]] = {}  # API discovery: group/version -> its resources (absent: not served)
+        # The pod watch (kubetf.cluster.podwatch): what each watch does in turn, its events or the error it raises;
+        # `watched_from`, the version each started from.
+        self.pod_watches: list[list[Obj] | Exception] = []
+        self.watched_from: list[int] = []
 
     @contextlib.contextmanager
     def urgent(self) -> Iterator[None]:
@@ -231,6 +235,14 @@ class FakeApi:
     def served_resources(self, group_version: str) -> set[str] | None:
         self.calls.append(f"discover {group_version}")
         return self.served.get(group_version)
+
+    def watch_pods(self, namespace: str, version: int, seconds: int) -> Iterator[Obj]:
+        self.calls.append(f"watch pods from {version}")
+        self.watched_from.append(version)
+        turn = self.pod_watches.pop(0)
+        if isinstance(turn, Exception):
+            raise turn
+        yield from turn
 
     def pod_group_pages(self, namespace: str, api_version: str) -> Iterator[tuple[list[Obj], int]]:
         self.calls.append(f"list podgroups {api_version}")

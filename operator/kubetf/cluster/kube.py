@@ -22,9 +22,19 @@ from typing import Any
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from kubetf.cluster import metrics
-from kubetf.cluster.kube_api import Conflict, Creation, Deletion, LogUnreadable, NotLeader, NotServed, Refused
+from kubetf.cluster.kube_api import (
+    Conflict,
+    Creation,
+    Deletion,
+    Expired,
+    LogUnreadable,
+    NotLeader,
+    NotServed,
+    Refused,
+)
 from kubetf.core import api, gang, kueue
 from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 
@@ -340,6 +350,33 @@ class Kube:
             token = metadata.get("continue")
             if not token:
                 break
+
+    def watch_pods(self, namespace: str, version: int, seconds: int) -> Iterator[Obj]:
+        """The events of a watch of the operator's pods (namespace "": all) from `version`, with bookmarks, each
+        parsed as it arrives, until the API server ends the watch after `seconds`. Raises `Expired` when it no longer
+        has that version."""
+        fn, args = self._lister("pods", namespace, api.API_VERSION)
+        self.limiter.acquire()
+        metrics.API_REQUESTS.labels(verb="watch", resource="pods").inc()
+        response = unchecked(fn)(
+            *args, watch=True, resource_version=str(version), allow_watch_bookmarks=True, timeout_seconds=seconds,
+            label_selector=api.MANAGED_PODS_SELECTOR, _preload_content=False,
+            _request_timeout=(self.timeout[0], seconds + 30),
+        )  # fmt: skip
+        try:
+            for line in iter_resp_lines(response):
+                if not line:
+                    continue
+                event: Obj = json.loads(line)
+                if event.get("type") == "ERROR":  # the API server's Status, in the stream
+                    status = event.get("object") or {}
+                    if status.get("code") == 410:
+                        raise Expired(status.get("message") or "too old resource version")
+                    raise ApiException(status=status.get("code"), reason=status.get("message"))
+                yield event
+        finally:
+            response.close()  # a watch left before its end: its connection is not reused with events unread
+            response.release_conn()
 
     def _lister(self, resource: str, namespace: str, api_version: str) -> tuple[Any, tuple[str, ...]]:
         if resource == "pods":

@@ -20,6 +20,7 @@ from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key, Store
 from kubetf.cluster.kube import describe, is_transient
 from kubetf.cluster.kube_api import KubeApi, NotLeader, Refused
+from kubetf.cluster.podwatch import PodWatch
 from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
 from kubetf.core import api, gang, policy, reconcile, refusals
 from kubetf.core.config import OperatorConfig
@@ -71,6 +72,8 @@ class Controller:
         self.stopping = threading.Event()
         self.auditing = False
         self.audit_again = False  # a re-list came during an audit that may have listed before it
+        # By scope, the resourceVersion of the priming list of pods: where the pods' watches start.
+        self.pods_listed_at: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -86,6 +89,8 @@ class Controller:
                 log.exception("listing the jobs and pods failed; retrying in %.0fs", delay)
                 time.sleep(delay)
                 delay = min(2 * delay, 30.0)
+        for namespace, version in self.pods_listed_at.items():  # from the priming list on: nothing missed between
+            PodWatch(self.kube, namespace, version, self.pod_event, self.relist_pods, self.stopping).start()
         self.start()
         if serving is not None:
             serving.set()
@@ -139,10 +144,13 @@ class Controller:
         for job in self.kube.list_paged(api.PLURAL, scopes):
             if serves(job):
                 self.store.put_job(job)
-        for pod in self.kube.list_paged("pods", scopes, api.MANAGED_PODS_SELECTOR):
-            key = _pod_job(pod)
-            if key is not None and serves(pod):
-                self.store.put_pod(key, pod)
+        for namespace in scopes:
+            for items, version in self.kube.pages("pods", namespace, api.MANAGED_PODS_SELECTOR):
+                self.pods_listed_at[namespace] = version
+                for pod in items:
+                    key = _pod_job(pod)
+                    if key is not None and serves(pod):
+                        self.store.put_pod(key, pod)
         for namespace in scopes:
             for items, _ in self.kube.workload_pages(namespace):
                 for workload in filter(serves, items):
@@ -186,7 +194,13 @@ class Controller:
             self.executor.record_phase(key, None)
             self.queue.add(key, NORMAL)  # its pods may still need Kueue's finalizer released
 
-    def _refresh_pods(self, namespace: str) -> None:
+    def relist_pods(self, namespace: str) -> int:
+        """The pod watch could not go on (cluster.podwatch): list the pods again into the cache, as a re-list does;
+        returns that list's resourceVersion, where the watch goes on."""
+        with self.refreshing:
+            return self._refresh_pods(namespace)
+
+    def _refresh_pods(self, namespace: str) -> int:
         # Each page goes into the cache as it comes, newer versions only; what is kept to the end is the names
         # (holding 50,000 pods' slim copies instead cost a restarted operator about 100 MB at once).
         listed: dict[Key, set[str]] = {
@@ -207,6 +221,7 @@ class Controller:
                 log.warning("%s/%s: the watch had missed changes of its pods; acting on a fresh list", *key)
                 self.expectations.forget(key)
                 self.queue.add(key, URGENT)
+        return version
 
     def _refresh_workloads(self, namespace: str) -> None:
         listed: set[tuple[Key, str]] = set()
@@ -351,7 +366,8 @@ class Controller:
                 return
         self.queue.at(self.clock() + self.config.retry_period, key, priority)
 
-    # ------------------------------------------------------------------ watch events (called on kopf's loop: no I/O)
+    # ------------------------------------------------------------------ watch events (called on kopf's loop, the
+    # pods' on their watch's thread: no I/O)
 
     def job_event(self, type_: str | None, job: Mapping[str, Any]) -> None:
         if not self._serves(job):  # kopf watches every namespace when a pattern names them (runner)

@@ -1,10 +1,11 @@
-"""kopf wiring, and nothing else: watch events of TrainingJobs, of the operator's pods, Workloads and PodGroups, and
-of Kueue's LocalQueues go to the controller.
+"""kopf wiring, and nothing else: watch events of TrainingJobs, of the operator's Workloads and PodGroups, and of
+Kueue's LocalQueues go to the controller. The operator's pods, the most numerous and the most often changed, it
+watches itself (kubetf.cluster.podwatch).
 
 The handlers are async and do no I/O (the controller only updates its cache and queue), so kopf's event loop is
 never blocked; reconciles run on the controller's own threads. The watches of what the operator makes are filtered
-by the API server (kopf's label selectors): the operator neither receives nor keeps the cluster's other pods and
-Workloads. Without Kueue in the cluster kopf watches neither of its kinds, and starts when their CRDs appear.
+by the API server (kopf's label selectors): the operator neither receives nor keeps the cluster's other Workloads.
+Without Kueue in the cluster kopf watches neither of its kinds, and starts when their CRDs appear.
 """
 
 from __future__ import annotations
@@ -59,12 +60,11 @@ def settings() -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
-    settings.watching.label_selectors["v1", "pods"] = api.MANAGED_PODS_SELECTOR
     settings.watching.chunk_size = PAGE_SIZE
     # kopf keeps one task per object, holding its last event, until it has idled this long (default 5 s): at a
-    # restart it lists every pod within seconds, and 10,000 pods' events alive at once cost about 85 MiB. The
-    # handlers only hand the event over, so a worker has nothing to wait for (a restart among 2,000 jobs peaked at
-    # 202 MiB with 0.5 s, 182 MiB with 0.05 s: `make bench-scale ARGS="--until-restart"`).
+    # restart it lists every job, Workload and PodGroup within seconds, each event alive meanwhile. The handlers only
+    # hand the event over, so a worker has nothing to wait for (when kopf still watched the pods too, a restart
+    # among 2,000 jobs peaked at 202 MiB with 0.5 s, 182 MiB with 0.05 s: `make bench-scale ARGS="--until-restart"`).
     settings.queueing.idle_timeout = 0.05
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -120,10 +120,6 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
     async def job_event(event: kopf.RawEvent, **_: Any) -> None:
         controller.job_event(event["type"], event["object"])
-
-    @kopf.on.event("", "v1", "pods", labels={api.LABEL_MANAGED_BY: api.MANAGER}, registry=registry)
-    async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        controller.pod_event(event["type"], event["object"])
 
     # The jobs' Kueue Workloads and a gang's PodGroups (kubetf.core.gang), of either scheduler: only the operator's
     # own (a label the API server filters by). kopf watches an API only once the cluster serves it.

@@ -54,7 +54,7 @@ def where_it_runs(config: OperatorConfig) -> OperatorConfig:
 def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_format: str = "json") -> int:
     config = where_it_runs(config)
     kopf.configure(log_format=kopf.LogFormat[log_format.upper()], verbose=config.verbose)
-    # kopf logs every handler call at INFO: thousands of lines a minute for pod events.
+    # kopf logs every handler call at INFO: thousands of lines a minute for a busy operator's events.
     logging.getLogger("kopf.objects").setLevel(logging.DEBUG if config.verbose else logging.WARNING)
     if metrics_port:
         _serve_metrics(metrics_port, config)
