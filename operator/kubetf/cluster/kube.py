@@ -354,7 +354,8 @@ class Kube:
     def watch_pods(self, namespace: str, version: int, seconds: int) -> Iterator[Obj]:
         """The events of a watch of the operator's pods (namespace "": all) from `version`, with bookmarks, each
         parsed as it arrives, until the API server ends the watch after `seconds`. Raises `Expired` when it no longer
-        has that version."""
+        has that version. (Not the client's `Watch`: it parses each pod into its models, and without that it reads an
+        ERROR event's `raw_object`, a key the raw event lacks.)"""
         fn, args = self._lister("pods", namespace, api.API_VERSION)
         self.limiter.acquire()
         metrics.API_REQUESTS.labels(verb="watch", resource="pods").inc()

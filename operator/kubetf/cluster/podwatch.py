@@ -42,9 +42,12 @@ class PodWatch:
         self.kube, self.namespace, self.version = kube, namespace, version
         self.deliver, self.relist, self.stopping = deliver, relist, stopping
 
+    @property
+    def scope(self) -> str:
+        return self.namespace or "all namespaces"
+
     def start(self) -> threading.Thread:
-        scope = self.namespace or "all namespaces"
-        thread = threading.Thread(target=self.run, name=f"kubetf-pods-{scope}", daemon=True)
+        thread = threading.Thread(target=self.run, name=f"kubetf-pods-{self.scope}", daemon=True)
         thread.start()
         return thread
 
@@ -55,11 +58,11 @@ class PodWatch:
                     self.version = self.relist(self.namespace)
                 self.follow()
             except Expired as expired:
-                log.info("pods in %s: %s; listing them again", self.namespace or "all namespaces", expired)
+                log.info("pods in %s: %s; listing them again", self.scope, expired)
                 self.version = 0
             except Exception as error:  # the watch or the list failed: again from the last version, soon
-                log.warning("watching pods in %s failed (%s); again in %.0fs", self.namespace or "all namespaces",
-                            describe(error), RETRY_SECONDS)  # fmt: skip
+                log.warning("watching pods in %s failed (%s); again in %.0fs",
+                            self.scope, describe(error), RETRY_SECONDS)  # fmt: skip
                 self.stopping.wait(RETRY_SECONDS)
 
     def follow(self) -> None:

@@ -72,8 +72,6 @@ class Controller:
         self.stopping = threading.Event()
         self.auditing = False
         self.audit_again = False  # a re-list came during an audit that may have listed before it
-        # By scope, the resourceVersion of the priming list of pods: where the pods' watches start.
-        self.pods_listed_at: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -83,13 +81,13 @@ class Controller:
         delay = 1.0
         while True:
             try:
-                self.prime()
+                pods_listed_at = self.prime()
                 break
             except Exception:
                 log.exception("listing the jobs and pods failed; retrying in %.0fs", delay)
                 time.sleep(delay)
                 delay = min(2 * delay, 30.0)
-        for namespace, version in self.pods_listed_at.items():  # from the priming list on: nothing missed between
+        for namespace, version in pods_listed_at.items():  # from the priming list on: nothing missed between
             PodWatch(self.kube, namespace, version, self.pod_event, self.relist_pods, self.stopping).start()
         self.start()
         if serving is not None:
@@ -135,18 +133,20 @@ class Controller:
                     return
                 self.audit_again = False
 
-    def prime(self) -> None:
+    def prime(self) -> dict[str, int]:
         """Fill the cache with paged lists of jobs, the operator's pods and Kueue's LocalQueues and Workloads before
         any reconcile, so that no job is ever judged on a partial view (a restarted operator would see its pods
-        'vanished', a queued job's Workload missing and its admission lost)."""
+        'vanished', a queued job's Workload missing and its admission lost). Returns, by scope, the resourceVersion
+        of the list of pods: where their watches start."""
         started = time.monotonic()
+        pods_listed_at: dict[str, int] = {}
         scopes, serves = self.config.list_scopes(), self._serves
         for job in self.kube.list_paged(api.PLURAL, scopes):
             if serves(job):
                 self.store.put_job(job)
         for namespace in scopes:
             for items, version in self.kube.pages("pods", namespace, api.MANAGED_PODS_SELECTOR):
-                self.pods_listed_at[namespace] = version
+                pods_listed_at[namespace] = version
                 for pod in items:
                     key = _pod_job(pod)
                     if key is not None and serves(pod):
@@ -168,6 +168,7 @@ class Controller:
                 self.queue.add(key, NORMAL)
         log.info("cache primed in %.1fs: %d jobs, %d pods", time.monotonic() - started, self.store.job_count(),
                  self.store.pod_count())  # fmt: skip
+        return pods_listed_at
 
     def refresh(self) -> None:
         """Compare the cache with fresh paged lists of the jobs, their pods and their groups' Workloads: what a
