@@ -310,11 +310,22 @@ def test_a_group_restart_is_a_new_gang_and_the_old_podgroup_goes_once_its_pods_a
     place(sim)
     sim.step()
     sim.exit("mnist-worker-1", 1)
-    sim.step(advance=20)  # the whole MWMS group restarts
+    made = sim.api.calls.count("create PodGroup")
+    sim.now += 20
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)  # the whole MWMS group restarts
+    # Kubernetes' next PodGroup is made while the old pods go (Volcano's would hold quota beside theirs), and known
+    # at once: a reconcile before its ADDED event does not make it again
+    cached = {g["metadata"]["name"] for g in sim.controller.store.pod_groups_of(sim.key)}
+    assert ("mnist-gang-1" in cached) is native
     sim.step()
     assert "mnist-gang-0" in groups(sim)  # its pods are still terminating
+    assert ("mnist-gang-1" in groups(sim)) is native
+    assert sim.api.calls.count("create PodGroup") == made + native
     sim.gone()
-    sim.step(advance=20)
+    plan = sim.step(advance=20)
+    # once the old pods are gone, Kubernetes' replacements wait on nothing else: their batch comes first
+    assert ("PodGroup" in {o["kind"] for o in plan.batches[0]}) is not native
     assert "mnist-gang-0" not in groups(sim)  # once none of its pods is left, after the replacements were created
     assert sim.api.calls.index("delete PodGroup mnist-gang-0") > max(
         i for i, call in enumerate(sim.api.calls) if call == "create Pod"

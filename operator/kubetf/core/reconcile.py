@@ -255,6 +255,15 @@ def _gang_scheduler(d: _Decision, seen: Observed) -> tuple[str | None, str | Non
     return found, refused
 
 
+def _gang_due(d: _Decision, training: list[TaskView]) -> bool:
+    """Whether the generation's gang objects are made now: with its pods; for Kubernetes' own gang also as soon as a
+    group restart is decided, while the old pods go, so their replacements wait on nothing else once they are gone (a
+    PodGroup without pods holds nothing there; Volcano's would hold its queue's quota beside the old pods')."""
+    if d.create:
+        return True
+    return d.gang == gang.KUBERNETES and any(v.state == WAITING and v.pod is None for v in training)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Waiting:
     reason: str  # GangWaiting, or GangScheduleTimeout past the schedule timeout
@@ -274,9 +283,9 @@ def _gang_wait(d: _Decision, seen: Observed, views: dict[str, TaskView]) -> _Wai
     if record.get("podGroup") != name:  # a new generation: a new gang to place
         record = {"scheduler": d.gang, "podGroup": name}
     d.plan.delete_objects = gang.stale_groups(job, seen.pod_groups, seen.pods, name)
-    if not any(g.get("metadata", {}).get("name") == name for g in seen.pod_groups):
-        d.gang_objects = gang.desired_objects(job, d.gang, status) if d.create else []
     training = [v for v in views.values() if v.role in api.TRAINING_ROLES and v.state != COMPLETED]
+    if not any(g.get("metadata", {}).get("name") == name for g in seen.pod_groups):
+        d.gang_objects = gang.desired_objects(job, d.gang, status) if _gang_due(d, training) else []
     active = status.get("activeSince") is not None
     if gang.placed(job, views):
         record.pop("waitingSince", None)
@@ -477,6 +486,7 @@ def _creations(
     the Service with the pods' first batch; batches that double (the Job controller's slow start), at most
     `creates_per_reconcile` pods a turn, so a 1,000-worker job does not hold a worker while other jobs wait."""
     if not pods:
+        result.batches = [gang_objects] if gang_objects else []  # a restart's next gang, before its pods (_gang_due)
         return
     now_, result.more_to_create = pods[: config.creates_per_reconcile], len(pods) > config.creates_per_reconcile
     claim, service = builders.desired_pvc(result.job), builders.desired_service(result.job)

@@ -242,6 +242,8 @@ class Executor:
                 self.store.put_pod(key, obj)  # its ADDED event then brings nothing new: no reconcile for it
             elif obj.get("kind") == "Workload" and str(obj.get("apiVersion")).startswith(f"{kueue.GROUP}/"):
                 self.store.put_workload(obj)
+            elif obj.get("kind") == "PodGroup":
+                self.store.put_pod_group(obj)  # not made again by a reconcile that comes before its ADDED event
         creation.created = [o for o in creation.created if o.get("kind") == "Pod"]
         return creation
 
