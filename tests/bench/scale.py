@@ -2,6 +2,7 @@
 
     python -m tests.bench.scale [--jobs 2000] [--burst 200] [--preemptions 20] [--foreign-pods 0]
                                 [--operator-flags '--pod-batch-seconds 0'] [--until-restart]
+                                [--namespaces 1] [--bound]
     make bench-scale ARGS="--jobs 100 --burst 20"
 
 Jobs of 1 chief + 4 workers (MultiWorkerMirrored) whose pod templates tolerate the fake nodes' taint and select
@@ -23,6 +24,13 @@ local cluster as needed (1,000 pods each). In order:
    API calls per job lifecycle = (2) + (5).
 --until-restart stops after (3), for a restart's memory among many jobs without the burst and the finish.
 
+At 10,000 jobs the cluster, not the operator, sets the pace (2026-11-26: 2,400 jobs Running after 12 minutes, the
+operator at 0.16 of a core): kube-controller-manager's Endpoints and EndpointSlice controllers list a namespace's pods
+for every Service they sync (10,000 headless Services among 50,000 pods in one namespace: half a core), and the
+scheduler falls behind as pods grow. `--namespaces N` spreads the jobs over N namespaces (job i in the (i % N)th),
+`--bound` names each job's fake node in its pod template (spec.nodeName: the scheduler is not in the path). The
+operator does the same work either way, gangs included (it makes the same PodGroups; bound pods count as placed).
+
 API calls come from the operator's Prometheus counter `kubetf_api_requests_total{verb,resource}` on its
 --metrics-port ("n/a" when the operator has none). CPU is utime+stime from /proc/<pid>/stat, RSS VmRSS (peak:
 VmHWM). The operator runs out of cluster as a subprocess (tests/integration/conftest.py Operator), alone: an
@@ -34,6 +42,7 @@ Uses $KUBECONFIG, else brings the local cluster up (tests/cluster).
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import math
@@ -223,7 +232,7 @@ def per_job(before: Counter | None, after: Counter | None, jobs: int) -> str:
 
 # ---------------------------------------------------------------- watching without the client's models
 class RawWatch:
-    """List then watch one namespaced resource as JSON dicts, calling on_event(type, object) from a thread."""
+    """List then watch one resource as JSON dicts, calling on_event(type, object) from a thread."""
 
     def __init__(self, list_fn: Callable[..., Any], on_event: Callable[[str, dict], None]) -> None:
         self.list_fn, self.on_event = list_fn, on_event
@@ -232,16 +241,16 @@ class RawWatch:
 
     def _run(self) -> None:
         version = None
-        known: dict[str, dict] = {}  # name -> last object seen: a relist reports what went missing as DELETED
+        known: dict[tuple[str, str], dict] = {}  # last object seen: a relist reports what went missing as DELETED
         while not self.stopped:
             try:
                 if version is None:
                     listed = json.loads(self.list_fn(_preload_content=False).data)
-                    names = {item["metadata"]["name"] for item in listed["items"]}
+                    names = {_identity(item) for item in listed["items"]}
                     for name in set(known) - names:
                         self.on_event("DELETED", known.pop(name))
                     for item in listed["items"]:
-                        known[item["metadata"]["name"]] = item
+                        known[_identity(item)] = item
                         self.on_event("ADDED", item)
                     version = listed["metadata"]["resourceVersion"]
                 response = self.list_fn(
@@ -263,7 +272,7 @@ class RawWatch:
                         break
                     version = event["object"]["metadata"]["resourceVersion"]
                     if event["type"] != "BOOKMARK":
-                        name = event["object"]["metadata"]["name"]
+                        name = _identity(event["object"])
                         if event["type"] == "DELETED":
                             known.pop(name, None)
                         else:
@@ -274,7 +283,7 @@ class RawWatch:
 
 
 class State:
-    """What the benchmark knows of its namespace: each job's phase and live pods, and when anything last changed."""
+    """What the benchmark knows of its namespaces: each job's phase and live pods, and when anything last changed."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -465,17 +474,21 @@ class State:
                 raise TimeoutError(f"the operator was still writing after {timeout:.0f}s")
 
 
-def watch_namespace(cluster: Cluster, namespace: str, state: State) -> list[RawWatch]:
+def watch_namespaces(cluster: Cluster, namespaces: set[str], state: State) -> list[RawWatch]:
+    """Three watches of the whole cluster, whatever the number of namespaces (the client's pool holds 4), each
+    passing on only what is in `namespaces`."""
     core = cluster.core
+
+    def within(on_event: Callable[[str, dict], None]) -> Callable[[str, dict], None]:
+        return lambda kind, obj: on_event(kind, obj) if obj["metadata"].get("namespace") in namespaces else None
+
     return [
-        RawWatch(functools.partial(core.list_namespaced_pod, namespace), state.on_pod),
+        RawWatch(core.list_pod_for_all_namespaces, within(state.on_pod)),
         RawWatch(
-            functools.partial(
-                cluster.custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL
-            ),
-            state.on_job,
+            functools.partial(cluster.custom.list_cluster_custom_object, api.GROUP, api.VERSION, api.PLURAL),
+            within(state.on_job),
         ),
-        RawWatch(functools.partial(core.list_namespaced_service, namespace), state.on_other),
+        RawWatch(core.list_service_for_all_namespaces, within(state.on_other)),
     ]
 
 
@@ -493,8 +506,30 @@ def create_namespace(cluster: Cluster, name: str) -> None:
     cluster.core.create_namespace({"metadata": {"name": name, "labels": dict([NAMESPACE_LABEL])}})
 
 
-def create_jobs(cluster: Cluster, namespace: str, names: list[str]) -> None:
-    parallel(lambda name: cluster.create_job(namespace, name, SPEC), names)
+class Layout:
+    """Where each job goes: its namespace (job i in the (i % N)th), and with `nodes` its fake node, by name."""
+
+    def __init__(self, namespaces: list[str], nodes: list[str] | None) -> None:
+        self.namespaces, self.nodes = namespaces, nodes
+        self.homes: dict[str, str] = {}
+
+    def namespace(self, job: str) -> str:
+        return self.homes[job]
+
+    def create_jobs(self, cluster: Cluster, names: list[str]) -> None:
+        start = len(self.homes)
+        for i, name in enumerate(names, start):
+            self.homes[name] = self.namespaces[i % len(self.namespaces)]
+        parallel(lambda item: cluster.create_job(self.homes[item[1]], item[1], self._spec(item[0])),
+                 enumerate(names, start))  # fmt: skip
+
+    def _spec(self, i: int) -> dict:
+        if self.nodes is None:
+            return SPEC
+        spec = copy.deepcopy(SPEC)
+        for replica_spec in spec["replicaSpecs"].values():
+            replica_spec["template"]["spec"]["nodeName"] = self.nodes[i % len(self.nodes)]
+        return spec
 
 
 def foreign_pod(name: str) -> dict:
@@ -514,6 +549,11 @@ def out(message: str) -> None:
 
 
 # ---------------------------------------------------------------- phases
+def _identity(obj: dict) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace") or "", meta["name"]
+
+
 def foreign_pods_phase(cluster: Cluster, process: Process, namespace: str, count: int) -> None:
     running: set[str] = set()
     lock = threading.Lock()
@@ -564,6 +604,8 @@ def main() -> None:
         "--operator-flags", default="", help="more flags for the operator, to compare (e.g. '--pod-batch-seconds 0')"
     )
     parser.add_argument("--until-restart", action="store_true", help="stop after the restart (phases 1-3)")
+    parser.add_argument("--namespaces", type=int, default=1, help="namespaces the jobs are spread over (default 1)")
+    parser.add_argument("--bound", action="store_true", help="pods name their fake node: no scheduler in the path")
     args = parser.parse_args()
     args.preemptions = min(args.preemptions, args.jobs)
 
@@ -580,7 +622,7 @@ def main() -> None:
     pods = PODS_PER_JOB * (args.jobs + args.burst) + args.foreign_pods
     nodes = max(4, math.ceil(pods * 1.2 / PODS_PER_FAKE_NODE))
     start = time.monotonic()
-    kwok.ensure_fake_nodes(kube.kubeconfig, cluster.core, nodes)
+    fake_nodes = kwok.ensure_fake_nodes(kube.kubeconfig, cluster.core, nodes)
     out(f"{nodes} fake nodes Ready ({time.monotonic() - start:.0f}s) for {pods} pods")
 
     apps = client.AppsV1Api(cluster.api_client)
@@ -590,14 +632,17 @@ def main() -> None:
         out(f"paused the installed operator {namespace}/{name}")
 
     suffix = uuid.uuid4().hex[:6]
-    namespace, foreign = f"scale-{suffix}", f"scale-foreign-{suffix}"
+    namespaces = [f"scale-{suffix}-{i}" for i in range(args.namespaces)] if args.namespaces > 1 else [f"scale-{suffix}"]
+    foreign = f"scale-foreign-{suffix}"
+    layout = Layout(namespaces, fake_nodes if args.bound else None)
     workdir = Path(tempfile.mkdtemp(prefix="kubetf-bench-scale-"))
     process = Process(kube.kubeconfig, workdir, tuple(args.operator_flags.split()))
     state = State()
     try:
         process.start()
-        create_namespace(cluster, namespace)
-        watches = watch_namespace(cluster, namespace, state)
+        for namespace in namespaces:
+            create_namespace(cluster, namespace)
+        watches = watch_namespaces(cluster, set(namespaces), state)
         state.wait_quiet(process, timeout=60, quiet=3)
         api_calls = process.api_calls()
         out(f"operator RSS idle: {process.rss():.0f} MiB; API counter: {'yes' if api_calls is not None else 'n/a'}")
@@ -609,7 +654,7 @@ def main() -> None:
         names = [f"s-{i}" for i in range(args.jobs)]
         cpu0, created0, t0 = process.cpu(), process.api_calls(), time.monotonic()
         waits0 = process.queue_waits()
-        create_jobs(cluster, namespace, names)
+        layout.create_jobs(cluster, names)
         applied = time.monotonic()
         done = state.wait(lambda: all(state.running(n) for n in names), args.timeout, f"{args.jobs} jobs Running")
         state.wait_quiet(process, timeout=600)
@@ -655,7 +700,7 @@ def main() -> None:
         attempts_before: dict[str, int] = {}
         created: list[float] = []
         burst_thread = threading.Thread(
-            target=lambda: (create_jobs(cluster, namespace, burst), created.append(time.monotonic()))
+            target=lambda: (layout.create_jobs(cluster, burst), created.append(time.monotonic()))
         )
         waits0 = process.queue_waits()
         t0 = time.monotonic()
@@ -668,6 +713,7 @@ def main() -> None:
                 state.old_pods[job] = {uid: False for uid in state.pod_uids[job].values()}
                 attempts_before[job] = attempt
             pod = f"{job}-{VICTIM}"
+            namespace = layout.namespace(job)
             cluster.core.create_namespaced_pod_eviction(
                 pod,
                 namespace,
@@ -713,7 +759,7 @@ def main() -> None:
         parallel(
             lambda job: cluster.core.patch_namespaced_pod(
                 f"{job}-chief-0",
-                namespace,
+                layout.namespace(job),
                 {"metadata": {"annotations": {kwok.EXIT_CODE: "0"}}},
                 _preload_content=False,
             ),
@@ -737,7 +783,7 @@ def main() -> None:
     finally:
         process.stop()
         out(f"operator log: {workdir / 'operator.log'}")
-        cleanup(cluster, [namespace, foreign])
+        cleanup(cluster, [*namespaces, foreign])
         for ns, name, replicas in paused:
             apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": replicas}})
 
