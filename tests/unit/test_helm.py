@@ -459,7 +459,7 @@ def test_operator_deployment() -> None:
     readiness = container["readinessProbe"]["httpGet"]  # a rolling upgrade waits until a new pod can take over
     assert readiness["path"] == "/readyz" and ports[readiness["port"]] == 8080
     assert ports["metrics"] == 9090 and ports["progress"] == 8090
-    assert container["resources"]["limits"]["memory"] == "1Gi"  # a restart's relisting peak, not the steady state
+    assert container["resources"]["limits"]["memory"] == "512Mi"  # a restart's relisting peak, not the steady state
     assert container["resources"]["requests"]["memory"]
     # The operator's pod must not look like one of the operator's children.
     assert pod["metadata"]["labels"].get("app.kubernetes.io/managed-by") != "kubetf"
