@@ -47,6 +47,7 @@ import functools
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -608,6 +609,9 @@ def main() -> None:
     parser.add_argument("--bound", action="store_true", help="pods name their fake node: no scheduler in the path")
     args = parser.parse_args()
     args.preemptions = min(args.preemptions, args.jobs)
+    # A run in the background ignores SIGINT, and SIGTERM would end it without its cleanup: the operator left running
+    # and its namespaces left for the next run to refuse (thousands of jobs take many minutes to delete by hand).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
 
     kube = ensure_cluster()
     cluster = Cluster(kube.kubeconfig)
