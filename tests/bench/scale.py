@@ -232,6 +232,11 @@ def per_job(before: Counter | None, after: Counter | None, jobs: int) -> str:
 
 
 # ---------------------------------------------------------------- watching without the client's models
+def _identity(obj: dict) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace") or "", meta["name"]
+
+
 class RawWatch:
     """List then watch one resource as JSON dicts, calling on_event(type, object) from a thread."""
 
@@ -247,9 +252,9 @@ class RawWatch:
             try:
                 if version is None:
                     listed = json.loads(self.list_fn(_preload_content=False).data)
-                    names = {_identity(item) for item in listed["items"]}
-                    for name in set(known) - names:
-                        self.on_event("DELETED", known.pop(name))
+                    listed_now = {_identity(item) for item in listed["items"]}
+                    for identity in set(known) - listed_now:
+                        self.on_event("DELETED", known.pop(identity))
                     for item in listed["items"]:
                         known[_identity(item)] = item
                         self.on_event("ADDED", item)
@@ -273,11 +278,11 @@ class RawWatch:
                         break
                     version = event["object"]["metadata"]["resourceVersion"]
                     if event["type"] != "BOOKMARK":
-                        name = _identity(event["object"])
+                        identity = _identity(event["object"])
                         if event["type"] == "DELETED":
-                            known.pop(name, None)
+                            known.pop(identity, None)
                         else:
-                            known[name] = event["object"]
+                            known[identity] = event["object"]
                         self.on_event(event["type"], event["object"])
             except Exception:  # a broken connection: watch again from where we were
                 time.sleep(1)
@@ -514,9 +519,6 @@ class Layout:
         self.namespaces, self.nodes = namespaces, nodes
         self.homes: dict[str, str] = {}
 
-    def namespace(self, job: str) -> str:
-        return self.homes[job]
-
     def create_jobs(self, cluster: Cluster, names: list[str]) -> None:
         start = len(self.homes)
         for i, name in enumerate(names, start):
@@ -550,11 +552,6 @@ def out(message: str) -> None:
 
 
 # ---------------------------------------------------------------- phases
-def _identity(obj: dict) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return meta.get("namespace") or "", meta["name"]
-
-
 def foreign_pods_phase(cluster: Cluster, process: Process, namespace: str, count: int) -> None:
     running: set[str] = set()
     lock = threading.Lock()
@@ -717,7 +714,7 @@ def main() -> None:
                 state.old_pods[job] = {uid: False for uid in state.pod_uids[job].values()}
                 attempts_before[job] = attempt
             pod = f"{job}-{VICTIM}"
-            namespace = layout.namespace(job)
+            namespace = layout.homes[job]
             cluster.core.create_namespaced_pod_eviction(
                 pod,
                 namespace,
@@ -763,7 +760,7 @@ def main() -> None:
         parallel(
             lambda job: cluster.core.patch_namespaced_pod(
                 f"{job}-chief-0",
-                layout.namespace(job),
+                layout.homes[job],
                 {"metadata": {"annotations": {kwok.EXIT_CODE: "0"}}},
                 _preload_content=False,
             ),
