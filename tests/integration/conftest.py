@@ -458,8 +458,11 @@ class Operator:
                     return float(line.split()[1])
         pytest.fail(f"no sample {name} on the operator's /metrics")
 
-    def metric_total(self, name: str, exclude: dict[str, str] | None = None) -> float:
-        """The sum of a metric's samples over its labels, but those whose labels include all of `exclude`."""
+    def metric_total(
+        self, name: str, exclude: dict[str, str] | None = None, only: dict[str, str] | None = None
+    ) -> float:
+        """The sum of a metric's samples over its labels, but those whose labels include all of `exclude`, and (with
+        `only`) those whose labels do not include all of `only`."""
         total = 0.0
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
             for line in response.read().decode().splitlines():
@@ -467,6 +470,8 @@ class Operator:
                     continue
                 labels = line[line.find("{") + 1 : line.find("}")] if "{" in line else ""
                 if exclude and all(f'{k}="{v}"' in labels for k, v in exclude.items()):
+                    continue
+                if only and not all(f'{k}="{v}"' in labels for k, v in only.items()):
                     continue
                 total += float(line.rsplit(" ", 1)[1])
         return total

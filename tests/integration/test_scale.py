@@ -56,6 +56,11 @@ def test_the_operator_never_receives_other_workloads_pods(cluster, namespace_ope
     cluster.wait_pods(namespace, "mine", lambda p: len(p) == 3, "the job's 3 pods")
     wait_for(lambda: operator.metric("kubetf_cached_pods") >= 3, 15, "the job's pods in the operator's cache")
     assert operator.metric("kubetf_cached_pods") == 3  # and none of the 300 others
+    # Each of its API calls was timed (kubetf_api_request_seconds): the 3 pod creates and the dry run before them.
+    creates = {"verb": "create", "resource": "pod"}
+    assert operator.metric_total("kubetf_api_request_seconds_count", only=creates) == 4
+    assert operator.metric_total("kubetf_api_requests_total", only=creates) == 4
+    assert operator.metric_total("kubetf_api_request_seconds_sum", only=creates) > 0
 
 
 def test_a_burst_of_creations_does_not_hold_back_the_recovery_of_a_preempted_job(cluster, operator, namespace):

@@ -261,12 +261,15 @@ class Kube:
         if guarded and self.may_write is not None and not self.may_write():
             raise NotLeader(f"{verb} {resource}: this operator does not hold the leader lease")
         metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+        sent = time.monotonic()
         try:
-            response = unchecked(fn)(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+            data = unchecked(fn)(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs).data
         except ApiException as error:
             metrics.API_ERRORS.labels(verb=verb, resource=resource, code=str(error.status)).inc()
             raise
-        return json.loads(response.data) if response.data else None
+        finally:
+            metrics.API_SECONDS.labels(verb=verb, resource=resource).observe(time.monotonic() - sent)
+        return json.loads(data) if data else None
 
     def _get(self, resource: str, fn: Any, *args: Any) -> Obj | None:
         """Read one object; None when it does not exist."""
@@ -758,18 +761,22 @@ class Kube:
         meta = pod["metadata"]
         self.limiter.acquire()
         metrics.API_REQUESTS.labels(verb="get", resource="pods/log").inc()
+        sent = time.monotonic()
         try:
             # not preloaded: the raw urllib3 response, whatever the client's types say
             response: Any = self.core.read_namespaced_pod_log(
                 meta["name"], meta["namespace"], container=container, since_seconds=since_seconds,
                 limit_bytes=limit_bytes, _preload_content=False, _request_timeout=self.log_timeout,
             )  # fmt: skip
+            data = bytes(response.data or b"")
         except ApiException as error:
             metrics.API_ERRORS.labels(verb="get", resource="pods/log", code=str(error.status)).inc()
             if error.status in (400, 404):
                 return ""
             raise LogUnreadable(f"{error.status}: {_message(error)}") from error
-        return bytes(response.data or b"").decode("utf-8", "replace")
+        finally:
+            metrics.API_SECONDS.labels(verb="get", resource="pods/log").observe(time.monotonic() - sent)
+        return data.decode("utf-8", "replace")
 
     def list_events(self, namespace: str, name: str) -> list[Obj]:
         result = self._call(

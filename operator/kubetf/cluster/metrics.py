@@ -11,6 +11,13 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("kubetf_reconcile_errors_total", "Reconciles that raised")
 API_REQUESTS = Counter("kubetf_api_requests_total", "Kubernetes API requests sent", ["verb", "resource"])
+API_SECONDS = Histogram(
+    "kubetf_api_request_seconds",
+    "How long the Kubernetes API took to answer a request (sent to answer read, errors too; the client's own rate "
+    "limit and urgent-first waits not included), by verb and resource",
+    ["verb", "resource"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 QUEUE_DEPTH = Gauge("kubetf_workqueue_depth", "Jobs waiting for a reconcile")
 QUEUE_WAIT = Histogram(
     "kubetf_workqueue_wait_seconds",
