@@ -32,10 +32,12 @@ scheduler falls behind as pods grow. `--namespaces N` spreads the jobs over N na
 operator does the same work either way, gangs included (it makes the same PodGroups; bound pods count as placed).
 
 API calls come from the operator's Prometheus counter `kubetf_api_requests_total{verb,resource}` on its
---metrics-port ("n/a" when the operator has none). CPU is utime+stime from /proc/<pid>/stat, RSS VmRSS (peak:
-VmHWM). The operator runs out of cluster as a subprocess (tests/integration/conftest.py Operator), alone: an
-installed one is scaled to zero meanwhile. The benchmark watches with raw JSON, not the client's models, which would
-cost the operator seconds of CPU on this 2-core machine at 10,000s of pods. Namespaces are deleted at the end.
+--metrics-port ("n/a" when the operator has none), and how long the API server took to answer them, from the burst
+to the last replacement, from its histogram `kubetf_api_request_seconds`. CPU is utime+stime from /proc/<pid>/stat,
+RSS VmRSS (peak: VmHWM). The operator runs out of cluster as a subprocess (tests/integration/conftest.py Operator),
+alone: an installed one is scaled to zero meanwhile. The benchmark watches with raw JSON, not the client's models,
+which would cost the operator seconds of CPU on this 2-core machine at 10,000s of pods. Namespaces are deleted at
+the end.
 Uses $KUBECONFIG, else brings the local cluster up (tests/cluster).
 """
 
@@ -170,21 +172,25 @@ class Process:
         except OSError:
             return None
 
-    def histogram(self, name: str, label: str | None = None) -> dict[str, Counter]:
-        """A histogram's buckets (each one's cumulative count, by its upper bound), by the value of `label` (all
-        under "" without one); read alone (`?name[]=`)."""
+    def histogram(self, name: str, *labels: str) -> dict[str, Counter]:
+        """A histogram's buckets (each one's cumulative count, by its upper bound), by the values of `labels` joined
+        by a space (all under "" without any); read alone (`?name[]=`)."""
         buckets: dict[str, Counter] = {}
         for family in text_string_to_metric_families(self.metrics(f"{name}_bucket") or ""):
             if family.name == name:
                 for sample in family.samples:
                     if sample.name.endswith("_bucket"):
-                        by = sample.labels.get(label, "") if label else ""
+                        by = " ".join(sample.labels.get(label, "") for label in labels)
                         buckets.setdefault(by, Counter())[float(sample.labels["le"])] = sample.value
         return buckets
 
     def queue_waits(self) -> dict[str, Counter]:
         """kubetf_workqueue_wait_seconds by priority."""
         return self.histogram("kubetf_workqueue_wait_seconds", "priority")
+
+    def answer_times(self) -> dict[str, Counter]:
+        """kubetf_api_request_seconds by "verb resource" (empty when the operator has no such histogram)."""
+        return self.histogram("kubetf_api_request_seconds", "verb", "resource")
 
     def all_api_calls(self) -> Counter | None:
         """kubetf_api_requests_total by (verb, resource); None when the operator has no such counter."""
@@ -203,19 +209,31 @@ class Process:
         return None
 
 
-def queue_waits(before: dict[str, Counter], after: dict[str, Counter]) -> str:
-    """The work queue's waits for a worker between two readings, by priority: the bucket bounds that hold half and
-    99% of them (Prometheus buckets: an upper bound, not a measurement)."""
+def bucket_quantiles(before: dict[str, Counter], after: dict[str, Counter], keys: Iterable[str]) -> str:
+    """A histogram's observations between two readings, by key (in the order of `keys`, those with none left
+    out): how many, and the bucket bounds that hold half and 99% of them (Prometheus buckets: an upper bound, not
+    a measurement)."""
     parts = []
-    for priority in ("urgent", "follow", "normal", "resync"):
-        delta = after.get(priority, Counter()) - before.get(priority, Counter())
+    for key in keys:
+        delta = after.get(key, Counter()) - before.get(key, Counter())
         total = delta.get(math.inf, 0)
         if not total:
             continue
         bounds = sorted(delta)
         p50, p99 = (next(b for b in bounds if delta[b] >= q * total) for q in (0.5, 0.99))
-        parts.append(f"{priority} n={total:.0f} p50 <= {p50 * 1000:.0f} ms, p99 <= {p99 * 1000:.0f} ms")
+        parts.append(f"{key} n={total:.0f} p50 <= {p50 * 1000:.0f} ms, p99 <= {p99 * 1000:.0f} ms")
     return "; ".join(parts) or "none"
+
+
+def queue_waits(before: dict[str, Counter], after: dict[str, Counter]) -> str:
+    """The work queue's waits for a worker between two readings, by priority."""
+    return bucket_quantiles(before, after, ("urgent", "follow", "normal", "resync"))
+
+
+def answer_times(before: dict[str, Counter], after: dict[str, Counter]) -> str:
+    """The API server's answers to the operator between two readings, by call, the most frequent first."""
+    counts = {key: after[key].get(math.inf, 0) - before.get(key, Counter()).get(math.inf, 0) for key in after}
+    return bucket_quantiles(before, after, sorted(counts, key=lambda key: -counts[key]))
 
 
 def writes(calls: Counter | None) -> float | None:
@@ -703,7 +721,7 @@ def main() -> None:
         burst_thread = threading.Thread(
             target=lambda: (layout.create_jobs(cluster, burst), created.append(time.monotonic()))
         )
-        waits0 = process.queue_waits()
+        waits0, answers0 = process.queue_waits(), process.answer_times()
         t0 = time.monotonic()
         burst_thread.start()
         for job in victims:
@@ -730,6 +748,7 @@ def main() -> None:
             lambda: all(state.children_exist(n) for n in burst), args.timeout, f"{args.burst} burst jobs' pods"
         )
         state.wait(lambda: not state.preempting, 300, "every preempted job's replacement pods")
+        answers = answer_times(answers0, process.answer_times())
         out(
             f"burst of {args.burst} jobs: created in {applied - t0:.1f}s, every pod exists after {done - t0:.1f}s "
             f"({args.burst / (done - t0):.1f} jobs/s), with {args.preemptions} evictions meanwhile"
@@ -742,6 +761,7 @@ def main() -> None:
         out(f"    {state.preemption_shares()}")
         out(f"    the slowest: {state.slowest_preemption(t0)}")
         out(f"  waits in the work queue for a worker: {queue_waits(waits0, process.queue_waits())}")
+        out(f"  the API server's answers to the operator until the last replacement: {answers}")
         everyone = names + burst
         state.wait(lambda: all(state.running(n) for n in everyone), args.timeout, "every job Running")
         state.wait_quiet(process, timeout=600)
