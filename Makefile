@@ -30,7 +30,7 @@ HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 .PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster test-trainer-beside-alone \
 	test-unit-beside-lint-kueue test-k8s-1.35 test-cluster-staged \
 	cluster cluster-down images install \
-	demo demo-kueue bench bench-scale bench-compare bench-kueue bench-kueue-scale bench-progress
+	demo demo-kueue bench bench-scale bench-compare bench-call-cost bench-kueue bench-kueue-scale bench-progress
 help:
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -256,3 +256,6 @@ bench-progress: venv tools ## progress reports on kwok: 2,000 jobs reporting eve
 
 bench-compare: venv tools ## kubetf vs Kubeflow's training-operator vs the raw API server (ARGS="--foreign-pods 5000")
 	$(PY) -m tests.bench.compare $(ARGS)
+
+bench-call-cost: venv ## the API server's CPU per call a new job makes, and the burst ratio it allows
+	$(PY) -m tests.bench.call_cost $(ARGS)

@@ -45,8 +45,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def settle(pid: int, quiet: float = 2.0, least: float = 3.0, most: float = 60.0) -> float:
-    """Wait until the process has used under 2% of a CPU for `quiet` seconds (at least `least`, at most `most`
+def settle(pid: int, quiet: float = 2.0, least: float = 3.0, most: float = 60.0, share: float = 0.02) -> float:
+    """Wait until the process has used under `share` of a CPU for `quiet` seconds (at least `least`, at most `most`
     seconds in all); return the seconds waited."""
     start = time.monotonic()
     time.sleep(least)
@@ -54,7 +54,7 @@ def settle(pid: int, quiet: float = 2.0, least: float = 3.0, most: float = 60.0)
     while time.monotonic() - start < most:
         time.sleep(quiet)
         now = cpu_seconds(pid)
-        if now - last < 0.02 * quiet:
+        if now - last < share * quiet:
             break
         last = now
     return time.monotonic() - start
