@@ -91,8 +91,10 @@ def test_a_group_restart_sends_sigterm_to_one_running_member_first():
     assert sigterm.first_to_stop([chief, worker0], member_gone=True) == ([chief, worker0], [])
 
 
-def _member(role, index):
-    return {"metadata": {"labels": {api.LABEL_ROLE: role, api.LABEL_INDEX: str(index)}}}
+def _member(role, index, state="running"):
+    member = pod(state=state)
+    member["metadata"]["labels"] = {api.LABEL_ROLE: role, api.LABEL_INDEX: str(index)}
+    return member
 
 
 def test_a_member_is_gone_when_a_task_restarted_with_the_deleted_ones_has_no_pod():
@@ -102,6 +104,20 @@ def test_a_member_is_gone_when_a_task_restarted_with_the_deleted_ones_has_no_pod
     assert not sigterm.member_gone(mwms, [chief, worker0, worker1], [chief, worker0])
     ps = job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1))
     assert not sigterm.member_gone(ps, [_member("chief", 0), _member("ps", 0)], [_member("ps", 0)])  # workers apart
+    exited = _member("worker", 1, state="terminated")  # being deleted, its program ended
+    assert sigterm.member_gone(mwms, [chief, worker0, exited], [chief, worker0])
+
+
+def test_an_evicted_member_whose_program_exited_stops_the_rest_at_once():
+    """The eviction's SIGTERM ended worker-1's program before its pod went: the others' collectives fail, so they
+    are all deleted now, none sent SIGTERM first and held for its log."""
+    mwms = job(chief=replica(1), worker=replica(2))
+    pods = _group(mwms, deleted_at=T0)
+    evicted = next(p for p in pods if p["metadata"]["name"] == "mnist-worker-1")
+    evicted["status"] = {"phase": "Failed", "containerStatuses": [{"name": "tensorflow", "state": {"terminated": {}}}]}
+    rest = [p for p in pods if p is not evicted]
+    staging = sigterm.stage(mwms, rest, pods, {}, {}, {}, T0, DEFAULTS)
+    assert staging.delete == rest and staging.held == [] and staging.read == [] and staging.hold_until is None
 
 
 def _group(job_, deleted_at=None):

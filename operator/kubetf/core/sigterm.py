@@ -194,8 +194,8 @@ def deletion_grace(watched: Iterable[Watched], config: OperatorConfig) -> tuple[
 def first_to_stop(pods: list[Pod], member_gone: bool = False) -> tuple[list[Pod], list[Pod]]:
     """The pods a group restart deletes now, and those it holds until the first one's SIGTERM was looked at: one
     running member goes first (a disrupted one if any); pods whose program does not run go at once. When a member
-    has already ended, or its pod is gone (`member_gone`: a pod object goes once its containers stopped), the
-    others' collectives fail and they end by themselves: no need to ask."""
+    has already ended, or its pod is gone or ended (`member_gone`, over the whole group: a pod object goes once its
+    containers stopped), the others' collectives fail and they end by themselves: no need to ask."""
     running = [p for p in pods if training_container_running(p)]
     if len(running) < 2 or member_gone or any(_ended(p) for p in pods):
         return pods, []
@@ -205,8 +205,12 @@ def first_to_stop(pods: list[Pod], member_gone: bool = False) -> tuple[list[Pod]
 
 
 def member_gone(job: api.Job, pods: list[Pod], deleting: list[Pod]) -> bool:
-    """Whether a task restarted together with one of `deleting` (policy.barrier) has no pod left among `pods`."""
-    present = {task[:2] for task in map(st.pod_task, pods) if task is not None}
+    """Whether a task restarted together with one of `deleting` (policy.barrier) has no pod left among `pods` whose
+    program may still run: its pod is gone, or its training container ended. An evicted pod whose program took the
+    SIGTERM and exited stays, being deleted, until its kubelet confirms: stopping another member first and holding
+    the rest for its log (seen on kwok, whose pods stop as a kubelet's: a second reconcile on every such eviction)
+    would wait for nothing."""
+    present = {task[:2] for pod in pods if (task := st.pod_task(pod)) is not None and not _ended(pod)}
     for pod in deleting:
         task = st.pod_task(pod)
         if task is not None and any(member not in present for member in policy.barrier(job, task[0], task[1])):
