@@ -353,7 +353,7 @@ def paused_installed_operators(cluster: Cluster) -> list[tuple[str, str, int]]:
     apps = client.AppsV1Api(cluster.api_client)
     paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
     for namespace, name, _ in paused:
-        apps.patch_namespaced_deployment_scale(namespace, name, {"spec": {"replicas": 0}})
+        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
     deadline = time.monotonic() + 60
     for namespace, _, _ in paused:
         while cluster.core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/name=kubetf").items:
@@ -366,7 +366,7 @@ def paused_installed_operators(cluster: Cluster) -> list[tuple[str, str, int]]:
 def resume(cluster: Cluster, paused: list[tuple[str, str, int]]) -> None:
     apps = client.AppsV1Api(cluster.api_client)
     for namespace, name, replicas in paused:
-        apps.patch_namespaced_deployment_scale(namespace, name, {"spec": {"replicas": replicas}})
+        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
 
 
 def ratio(a: float | None, b: float | None) -> str:
