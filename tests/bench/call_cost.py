@@ -202,39 +202,48 @@ def main() -> None:
     parser.add_argument("--without-pod-webhooks", action="store_true", help="the pod webhooks skip the namespace")
     parser.add_argument("--lock", default="/tmp/kubetf-cluster.lock", help="the shared cluster's lock ('' for none)")
     args = parser.parse_args()
+    kubeconfig = ensure_cluster().kubeconfig
     pid = apiserver_pid()
     if pid is None:
         raise SystemExit("no kube-apiserver process on this machine: its CPU per call cannot be read")
-    kubeconfig = ensure_cluster().kubeconfig
     with cluster_lock(args.lock):
         cluster = Cluster(kubeconfig)
         paused = paused_installed_operators(cluster)  # an installed operator would act on the probe's jobs
-        probe = Probe(args, kubeconfig)
-        webhooks = PodWebhooks(probe.api)
-        if args.without_pod_webhooks:
-            webhooks.skip_bench()
         try:
-            print(
-                f"pod webhooks {'skipped' if args.without_pod_webhooks else 'called'}: "
-                f"{', '.join(webhooks.names()) or 'none installed'}; {args.calls} calls of each kind per round, "
-                f"{THREADS} at once, {args.rounds} rounds",
-                flush=True,
-            )
-            samples: dict[str, list[float]] = {}
-            for round_ in range(args.rounds):
-                names = [f"r{round_}-{i}" for i in range(args.calls)]
-                for kind, call in probe.calls().items():
-                    samples.setdefault(kind, []).append(probe.measure(call, names, pid))
-            costs = {kind: statistics.median(values) for kind, values in samples.items()}
-            for kind, values in samples.items():
-                spread = ", ".join(f"{v:.2f}" for v in values)
-                print(f"  {kind:16s} {costs[kind]:6.2f} ms of the API server's CPU per call (rounds: {spread})")
-            report(costs)
+            probe = Probe(args, kubeconfig)
+            try:
+                measure(args, probe, pid)
+            finally:
+                probe.delete_namespace()
         finally:
-            if args.without_pod_webhooks:
-                webhooks.restore()
-            probe.delete_namespace()
             resume(cluster, paused)
+
+
+def measure(args: argparse.Namespace, probe: Probe, pid: int) -> None:
+    """Every kind of call, --rounds times in turns; the medians printed, then the sums (`report`)."""
+    webhooks = PodWebhooks(probe.api)
+    if args.without_pod_webhooks:
+        webhooks.skip_bench()
+    try:
+        print(
+            f"pod webhooks {'skipped' if args.without_pod_webhooks else 'called'}: "
+            f"{', '.join(webhooks.names()) or 'none installed'}; {args.calls} calls of each kind per round, "
+            f"{THREADS} at once, {args.rounds} rounds",
+            flush=True,
+        )
+        samples: dict[str, list[float]] = {}
+        for round_ in range(args.rounds):
+            names = [f"r{round_}-{i}" for i in range(args.calls)]
+            for kind, call in probe.calls().items():
+                samples.setdefault(kind, []).append(probe.measure(call, names, pid))
+        costs = {kind: statistics.median(values) for kind, values in samples.items()}
+        for kind, values in samples.items():
+            spread = ", ".join(f"{v:.2f}" for v in values)
+            print(f"  {kind:16s} {costs[kind]:6.2f} ms of the API server's CPU per call (rounds: {spread})")
+        report(costs)
+    finally:
+        if args.without_pod_webhooks:
+            webhooks.restore()
 
 
 if __name__ == "__main__":
