@@ -122,6 +122,21 @@ def _namespace_terminating(error: ApiException) -> bool:
     return error.status == 403 and "NamespaceTerminating" in str(error.body)
 
 
+@contextlib.contextmanager
+def _measured(verb: str, resource: str) -> Iterator[None]:
+    """One request, counted (kubetf_api_requests_total, and kubetf_api_errors_total when the API server answers with
+    an error) and timed from sending it to its answer read (kubetf_api_request_seconds), errors too."""
+    metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+    sent = time.monotonic()
+    try:
+        yield
+    except ApiException as error:
+        metrics.API_ERRORS.labels(verb=verb, resource=resource, code=str(error.status)).inc()
+        raise
+    finally:
+        metrics.API_SECONDS.labels(verb=verb, resource=resource).observe(time.monotonic() - sent)
+
+
 class RateLimiter:
     """Client-side token bucket (like client-go's QPS/burst), so a burst of jobs cannot flood the API server."""
 
@@ -260,15 +275,8 @@ class Kube:
         # After the limiter's wait, which may be long: a write leaves only while the lease is held (cluster.leader).
         if guarded and self.may_write is not None and not self.may_write():
             raise NotLeader(f"{verb} {resource}: this operator does not hold the leader lease")
-        metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
-        sent = time.monotonic()
-        try:
+        with _measured(verb, resource):
             data = unchecked(fn)(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs).data
-        except ApiException as error:
-            metrics.API_ERRORS.labels(verb=verb, resource=resource, code=str(error.status)).inc()
-            raise
-        finally:
-            metrics.API_SECONDS.labels(verb=verb, resource=resource).observe(time.monotonic() - sent)
         return json.loads(data) if data else None
 
     def _get(self, resource: str, fn: Any, *args: Any) -> Obj | None:
@@ -760,22 +768,18 @@ class Kube:
         log to read (the pod or its container is gone). Raises `LogUnreadable` when its node did not give it."""
         meta = pod["metadata"]
         self.limiter.acquire()
-        metrics.API_REQUESTS.labels(verb="get", resource="pods/log").inc()
-        sent = time.monotonic()
         try:
-            # not preloaded: the raw urllib3 response, whatever the client's types say
-            response: Any = self.core.read_namespaced_pod_log(
-                meta["name"], meta["namespace"], container=container, since_seconds=since_seconds,
-                limit_bytes=limit_bytes, _preload_content=False, _request_timeout=self.log_timeout,
-            )  # fmt: skip
-            data = bytes(response.data or b"")
+            with _measured("get", "pods/log"):
+                # not preloaded: the raw urllib3 response, whatever the client's types say
+                response: Any = self.core.read_namespaced_pod_log(
+                    meta["name"], meta["namespace"], container=container, since_seconds=since_seconds,
+                    limit_bytes=limit_bytes, _preload_content=False, _request_timeout=self.log_timeout,
+                )  # fmt: skip
+                data = bytes(response.data or b"")
         except ApiException as error:
-            metrics.API_ERRORS.labels(verb="get", resource="pods/log", code=str(error.status)).inc()
             if error.status in (400, 404):
                 return ""
             raise LogUnreadable(f"{error.status}: {_message(error)}") from error
-        finally:
-            metrics.API_SECONDS.labels(verb="get", resource="pods/log").observe(time.monotonic() - sent)
         return data.decode("utf-8", "replace")
 
     def list_events(self, namespace: str, name: str) -> list[Obj]:
