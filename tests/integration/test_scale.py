@@ -24,7 +24,7 @@ def namespace_operator(cluster, operator, namespace, tmp_path):
     operator.stop()
     own = Operator(
         cluster.kubeconfig, tmp_path / "namespace-operator.log", metrics_port=free_port(),
-        flags=("--lease-name", LEASE_NAME, "--namespace", namespace),
+        flags=("--lease-name", LEASE_NAME, "--namespace", namespace, "--admitted-shape-seconds", "600"),
     )  # fmt: skip
     own.start()
     try:
@@ -61,6 +61,13 @@ def test_the_operator_never_receives_other_workloads_pods(cluster, namespace_ope
     assert operator.metric_total("kubetf_api_request_seconds_count", only=creates) == 4
     assert operator.metric_total("kubetf_api_requests_total", only=creates) == 4
     assert operator.metric_total("kubetf_api_request_seconds_sum", only=creates) > 0
+    # A second job from the same template (its name as long): the API server admitted its pods' shape a moment ago,
+    # so they are created without a dry run.
+    cluster.create_job(namespace, "ours", {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(3)}})
+    cluster.wait_pods(namespace, "ours", lambda p: len(p) == 3, "the second job's 3 pods")
+    total = lambda: operator.metric_total("kubetf_api_requests_total", only=creates)  # noqa: E731
+    wait_for(lambda: total() >= 7, 15, "its creates counted (the answers read after the pods were stored)")
+    assert total() == 7
 
 
 def test_a_burst_of_creations_does_not_hold_back_the_recovery_of_a_preempted_job(cluster, operator, namespace):

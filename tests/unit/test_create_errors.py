@@ -13,7 +13,7 @@ from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refu
 from kubetf.runtime.executor import NORMAL
 from tests.cluster.fixture import wait_for
 
-from .jobs import job, replica
+from .jobs import container, job, replica
 from .test_controller import T0, Shell
 
 pytestmark = pytest.mark.unit
@@ -166,6 +166,65 @@ def test_only_a_new_job_pays_for_a_dry_run():
     assert shell.api.calls.count("dry-run Pod") == 2
 
 
+def tried(shell):
+    """The kinds dry-run since the last look."""
+    found = sorted(c.removeprefix("dry-run ") for c in shell.api.calls if c.startswith("dry-run"))
+    shell.api.calls.clear()
+    return found
+
+
+def submit(shell, document):
+    key = (document["metadata"]["namespace"], document["metadata"]["name"])
+    shell.api.add_job(document)
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(key)
+    return key
+
+
+def test_a_burst_of_jobs_from_one_template_dry_runs_their_pods_once():
+    shell = Shell(job("run-a", chief=replica(1), worker=replica(2)))
+    shell.controller.reconcile(shell.key)
+    assert tried(shell) == ["Pod", "Pod", "Service"]
+    shell.now += 9
+    submit(shell, job("run-b", chief=replica(1), worker=replica(2)))
+    assert tried(shell) == ["Service"]  # its pods differ from run-a's only in the job's name and uid
+    assert len(shell.api.pods) == 6
+    # Not the same shape: a longer name, another namespace, another image.
+    submit(shell, job("run-bb", chief=replica(1), worker=replica(2)))
+    assert tried(shell) == ["Pod", "Pod", "Service"]
+    submit(shell, job("run-c", namespace="team-b", chief=replica(1), worker=replica(2)))
+    assert tried(shell) == ["Pod", "Pod", "Service"]
+    other_image = {"spec": {"containers": [container("tf:2")]}}
+    submit(shell, job("run-d", chief=replica(1), worker=replica(2, template=other_image)))
+    assert tried(shell) == ["Pod", "Service"]  # its chief is run-a's
+    shell.now += 10  # admitted_shape_seconds after run-a's trial, 1 s after run-b's
+    submit(shell, job("run-e", chief=replica(1), worker=replica(2)))
+    assert tried(shell) == ["Pod", "Pod", "Service"]
+
+
+def test_a_refused_shape_is_tried_again_for_the_next_job():
+    shell = Shell(job("run-a", chief=replica(1), worker=replica(2)))
+    shell.api.invalid["worker"] = 'Pod "run-a-worker-1" is invalid: spec.containers[0].image: Required value'
+    shell.controller.reconcile(shell.key)
+    assert shell.status()["reason"] == "InvalidPodTemplate"
+    tried(shell)
+    key = submit(shell, job("run-b", chief=replica(1), worker=replica(2)))
+    assert tried(shell) == ["Pod", "Pod", "Service"]
+    assert shell.api.jobs[key]["status"]["reason"] == "InvalidPodTemplate"
+    assert not [p for p in shell.api.pods if p.startswith("run-b")]
+
+
+def test_a_policy_changed_within_seconds_of_a_trial_is_said_by_the_real_create():
+    """The price of not trying each job: its objects created before the refusal stay (nothing is lost or hidden)."""
+    shell = Shell(job("run-a", chief=replica(1), worker=replica(2)), first_batch=1)
+    shell.controller.reconcile(shell.key)
+    shell.api.invalid["worker"] = 'pods "run-b-worker-1" is invalid: a policy added a moment ago'
+    key = submit(shell, job("run-b", chief=replica(1), worker=replica(2)))
+    status = shell.api.jobs[key]["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InvalidPodTemplate")
+    assert "a policy added a moment ago" in next(c for c in status["conditions"] if c["status"] == "True")["message"]
+
+
 def test_a_template_made_invalid_while_suspended_fails_the_resumed_job_before_any_pod_exists():
     shell = Shell(mwms()).running()
     shell.api.jobs[shell.key]["spec"]["runPolicy"]["suspend"] = True
@@ -176,7 +235,9 @@ def test_a_template_made_invalid_while_suspended_fails_the_resumed_job_before_an
         shell.api.remove_pod(name)
     shell.api.deliver(shell.controller)
     assert shell.status()["phase"] == "Suspended"
-    shell.api.jobs[shell.key]["spec"]["runPolicy"]["suspend"] = False
+    spec = shell.api.jobs[shell.key]["spec"]
+    spec["runPolicy"]["suspend"] = False
+    spec["replicaSpecs"]["chief"]["template"]["spec"]["containers"][0]["image"] = ""
     shell.api.update_job(shell.key)
     shell.api.deliver(shell.controller)
     shell.api.invalid["chief"] = 'Pod "mnist-chief-0" is invalid: spec.containers[0].image: Required value'

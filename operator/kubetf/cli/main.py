@@ -378,6 +378,12 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         float,
         "seconds a job's reconcile waits after a pod started or turned ready (its peers' changes in one reconcile)",
     ),
+    (
+        "--admitted-shape-seconds",
+        "admitted_shape_seconds",
+        float,
+        "a new job's pod shaped like one that passed a dry run this recently is not dry-run (0: every job is)",
+    ),
     ("--api-timeout", "api_timeout", _seconds_pair, "CONNECT,READ seconds of every API request"),
     (
         "--log-timeout",

@@ -68,6 +68,9 @@ class OperatorConfig:
     tombstone_seconds: float = 300.0
     # A previous job's Service or PVC still holding a name is usually garbage-collected within seconds.
     name_in_use_recheck: float = 10.0
+    # A new job's pod whose shape (all but its job's name) passed a dry run this recently is not dry-run again
+    # (kubetf.core.refusals.Admitted): a burst of 200 jobs from one template made 600 dry runs.
+    admitted_shape_seconds: float = 10.0
     # A LocalQueue the watch has not shown is read from the API; its absence (or Kueue's) serves this long.
     local_queue_recheck: float = 5.0
     # Which gang schedulers' APIs the cluster serves (API discovery) is read again after this long.

@@ -4,13 +4,18 @@
 status: INVALID (wrong as written) fails the job, naming the field to fix; DENIED (quota, admission, a webhook) and
 NAME_IN_USE (a previous object of the same name) keep it waiting, with startupTimeoutSeconds counting from the
 first refusal; UNAVAILABLE (the API server or a webhook it calls cannot answer now) is retried soon and costs the
-job nothing. A new job is dry-run first (`trial`): nothing of it is created unless all of it would be.
+job nothing. A new job is dry-run first (`trial`): nothing of it is created unless all of it would be. A pod whose
+shape (`shape`: the pod as built, but for its job's name and uid) passed a dry run in the last seconds is not tried
+again (`Admitted`): of a burst of jobs made from one template, the first is tried, not each.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +55,49 @@ def trial(status: dict[str, Any], batches: list[list[dict[str, Any]]]) -> list[d
         return []
     last = {pod["metadata"]["labels"][api.LABEL_ROLE]: pod for pod in pods}
     return [*(o for o in objects if o["kind"] != "Pod"), *last.values()]
+
+
+def shape(obj: dict[str, Any], job: Job) -> str:
+    """What admitting `obj` can depend on, equal for two jobs of one namespace that differ only in name and uid: the
+    object with its job's name and uid masked. The name's length stays in it (longer derived names, label values and
+    hostnames may not be valid); `\\x00` marks the masks, as json.dumps escapes it wherever it occurs."""
+    name, uid = api.name(job), job["metadata"]["uid"]
+    text = json.dumps(obj, sort_keys=True).replace(uid, "\x00uid").replace(name, "\x00name")
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return f"{job['metadata']['namespace']}/{len(name)}/{digest}"
+
+
+class Admitted:
+    """Pod shapes the API server admitted in a dry run within `seconds`, at most `most` (the oldest let go first).
+
+    A pod of such a shape is admitted again unless the cluster changed meanwhile (a namespace's Pod Security level
+    or LimitRange, a webhook's policy): then, for jobs created within `seconds` of the change, the real create says
+    it (`record`), and what of the job was created with it stays. A quota refuses the pods the same either way (a
+    trial asks for one pod per role: it never promised that a quota holds the whole job), but with no room left the
+    job's Service is created before its pods are refused. The Service and the PVC are always
+    tried: their trial also says whose an existing one of their name is. Not thread-safe: the caller locks.
+    """
+
+    def __init__(self, seconds: float, most: int = 1024) -> None:
+        self.seconds, self.most = seconds, most
+        self.since: OrderedDict[str, float] = OrderedDict()
+
+    def untried(self, trial: list[dict[str, Any]], job: Job, now: float) -> list[dict[str, Any]]:
+        """What of `trial` to dry-run: all but the pods of a shape admitted lately."""
+        return [o for o in trial if o["kind"] != "Pod" or not self._recent(shape(o, job), now)]
+
+    def remember(self, tried: list[dict[str, Any]], job: Job, now: float) -> None:
+        """The pods of `tried` passed their dry run at `now`."""
+        for pod in (o for o in tried if o["kind"] == "Pod"):
+            key = shape(pod, job)
+            self.since.pop(key, None)
+            self.since[key] = now
+        while len(self.since) > self.most:
+            self.since.popitem(last=False)
+
+    def _recent(self, key: str, now: float) -> bool:
+        since = self.since.get(key)
+        return since is not None and 0 <= now - since < self.seconds
 
 
 def after_dry_run(plan: Plan, refusal: Refusal | None) -> Plan:

@@ -61,6 +61,7 @@ class Executor:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
+        self.admitted = refusals.Admitted(config.admitted_shape_seconds)
 
     def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell | Dispatch) -> Plan | None:
         """Do what `plan` says; returns the final plan (after its creates). Raises what stopped it: an API error
@@ -73,7 +74,7 @@ class Executor:
             return None
         job: dict[str, Any] = seen.job or {}
         original = job.get("status") or {}
-        trial_refusal = self.kube.dry_run(plan.trial, job["metadata"]["uid"]) if plan.trial else None
+        trial_refusal = self._dry_run(job, plan.trial, seen.now)
         plan = refusals.after_dry_run(plan, trial_refusal)
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
@@ -165,6 +166,15 @@ class Executor:
             metrics.JOBS.labels(phase=before).dec()
 
     # ------------------------------------------------------------------ steps
+
+    def _dry_run(self, job: dict[str, Any], trial: list[dict[str, Any]], now: float) -> refusals.Refusal | None:
+        with self.lock:
+            untried = self.admitted.untried(trial, job, now)
+        refusal = self.kube.dry_run(untried, job["metadata"]["uid"]) if untried else None
+        if refusal is None and untried:
+            with self.lock:
+                self.admitted.remember(untried, job, now)
+        return refusal
 
     def _delete(self, key: Key, plan: Plan) -> None:
         self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in plan.delete])
