@@ -39,11 +39,9 @@ from tests.bench.compare import (
     SKIP_WEBHOOKS,
     PodWebhooks,
     apiserver_pid,
-    paused_installed_operators,
-    resume,
 )
 from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, pause_installed_operators, resume_installed_operators
 
 THREADS = 8
 # The local cluster's API server idles at about 3% of a core (its controllers' watches and leases): quiet below this.
@@ -208,7 +206,7 @@ def main() -> None:
         raise SystemExit("no kube-apiserver process on this machine: its CPU per call cannot be read")
     with cluster_lock(args.lock):
         cluster = Cluster(kubeconfig)
-        paused = paused_installed_operators(cluster)  # an installed operator would act on the probe's jobs
+        paused = pause_installed_operators(cluster)  # an installed operator would act on the probe's jobs
         try:
             probe = Probe(args, kubeconfig)
             try:
@@ -216,7 +214,7 @@ def main() -> None:
             finally:
                 probe.delete_namespace()
         finally:
-            resume(cluster, paused)
+            resume_installed_operators(cluster, paused)
 
 
 def measure(args: argparse.Namespace, probe: Probe, pid: int) -> None:

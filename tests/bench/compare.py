@@ -59,7 +59,15 @@ from tests.bench.common import (
     settle,
 )
 from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, pod_template, replica
+from tests.integration.conftest import (
+    AS_INSTALLED,
+    Cluster,
+    Operator,
+    pause_installed_operators,
+    pod_template,
+    replica,
+    resume_installed_operators,
+)
 
 KUBETF_SPEC = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"chief": replica(1), "worker": replica(4)}}
 CREATE_TIMEOUT = 900  # Kubeflow at 20 QPS takes minutes for a burst of 200
@@ -346,29 +354,6 @@ def apiserver_pid() -> int | None:
     return None
 
 
-def paused_installed_operators(cluster: Cluster) -> list[tuple[str, str, int]]:
-    """Scale an installed kubetf chart to zero: it would act on the raw contender's jobs and on kubetf's."""
-    from tests.integration.conftest import _installed_operators
-
-    apps = client.AppsV1Api(cluster.api_client)
-    paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
-    for namespace, name, _ in paused:
-        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
-    deadline = time.monotonic() + 60
-    for namespace, _, _ in paused:
-        while cluster.core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/name=kubetf").items:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the installed kubetf operator in {namespace} did not stop")
-            time.sleep(1)
-    return paused
-
-
-def resume(cluster: Cluster, paused: list[tuple[str, str, int]]) -> None:
-    apps = client.AppsV1Api(cluster.api_client)
-    for namespace, name, replicas in paused:
-        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
-
-
 def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a and b else "n/a"
 
@@ -404,7 +389,7 @@ def main() -> None:
         bench.cluster.install_crd()
         if binary:
             kubeflow.install_crd(bench.kubeconfig, bench.api)
-        paused = paused_installed_operators(bench.cluster)
+        paused = pause_installed_operators(bench.cluster)
     try:
         if args.without_pod_webhooks:
             webhooks.skip_bench()
@@ -470,7 +455,7 @@ def main() -> None:
             webhooks.restore()
         if paused:
             with cluster_lock(args.lock):
-                resume(bench.cluster, paused)
+                resume_installed_operators(bench.cluster, paused)
 
     summary(args, results, foreign)
 

@@ -19,13 +19,17 @@ import time
 import uuid
 from pathlib import Path
 
-from kubernetes import client
-
 from kubetf.core import kueue
 from tests.bench.common import percentile
 from tests.cluster.fixture import ensure_cluster, wait_for
 from tests.cluster.queues import Queue, make_flavor, priority_classes
-from tests.integration.conftest import AS_INSTALLED, Cluster, Operator
+from tests.integration.conftest import (
+    AS_INSTALLED,
+    Cluster,
+    Operator,
+    pause_installed_operators,
+    resume_installed_operators,
+)
 
 POD_SPEC = {
     "terminationGracePeriodSeconds": 5,
@@ -71,11 +75,7 @@ def main() -> None:
     kube = ensure_cluster()
     cluster = Cluster(kube.kubeconfig)
     cluster.install_crd()
-    apps = client.AppsV1Api(cluster.api_client)
-    installed = apps.list_deployment_for_all_namespaces(label_selector="app.kubernetes.io/name=kubetf").items
-    paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in installed]
-    for namespace, name, _ in paused:
-        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
+    paused = pause_installed_operators(cluster)
     operator = Operator(cluster.kubeconfig, Path(tempfile.mkdtemp()) / "operator.log", flags=AS_INSTALLED)
     namespace = f"bench-kueue-{uuid.uuid4().hex[:6]}"
     kube.install_kueue()
@@ -105,8 +105,7 @@ def main() -> None:
             cluster.core.delete_namespace(namespace)
             wait_for(lambda: not cluster.core.list_namespaced_pod(namespace).items, 120, "bench pods gone")
             queue.delete()
-        for ns, name, replicas in paused:
-            apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": replicas}})
+        resume_installed_operators(cluster, paused)
     print(f"operator log: {operator.log_path}")
 
 

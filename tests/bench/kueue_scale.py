@@ -38,7 +38,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.core import api, kueue
@@ -55,7 +54,13 @@ from tests.bench.scale import (
 from tests.cluster import kwok
 from tests.cluster.fixture import ensure_cluster
 from tests.cluster.queues import FLAVOR, make_flavor
-from tests.integration.conftest import Cluster, _installed_operators, pod_template, replica
+from tests.integration.conftest import (
+    Cluster,
+    pause_installed_operators,
+    pod_template,
+    replica,
+    resume_installed_operators,
+)
 
 PODS_PER_JOB = 5
 CPU_PER_POD = 10  # millicores
@@ -398,10 +403,7 @@ def main() -> None:
     nodes = max(4, math.ceil(pods * 1.2 / PODS_PER_FAKE_NODE))
     kwok.ensure_fake_nodes(kube.kubeconfig, cluster.core, nodes)
     out(f"{nodes} fake nodes Ready for {pods} pods; Kueue installed")
-    apps = client.AppsV1Api(cluster.api_client)
-    paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
-    for namespace_, name, _ in paused:
-        apps.patch_namespaced_deployment_scale(name, namespace_, {"spec": {"replicas": 0}})
+    paused = pause_installed_operators(cluster)
 
     suffix = uuid.uuid4().hex[:6]
     namespace, cq, chain_cq = f"kueue-scale-{suffix}", f"bench-{suffix}", f"bench-chain-{suffix}"
@@ -450,8 +452,7 @@ def main() -> None:
         for name in (cq, chain_cq):
             with contextlib.suppress(ApiException):
                 cluster.custom.delete_cluster_custom_object(GROUP, VERSION, "clusterqueues", name)
-        for namespace_, name, replicas in paused:
-            apps.patch_namespaced_deployment_scale(name, namespace_, {"spec": {"replicas": replicas}})
+        resume_installed_operators(cluster, paused)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubetf.core import api
@@ -63,11 +62,11 @@ from tests.bench.scale import (
     fake_template,
     out,
     parallel,
-    watch_namespace,
+    watch_namespaces,
 )
 from tests.cluster import kwok
 from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import Cluster, _installed_operators, replica
+from tests.integration.conftest import Cluster, pause_installed_operators, replica, resume_installed_operators
 
 REPORTERS = 32  # threads sending the reports; each owns an equal share of the jobs
 SPEC = {
@@ -269,10 +268,8 @@ def main() -> None:
     cluster.install_crd()
     nodes = max(2, math.ceil(args.jobs * 1.2 / PODS_PER_FAKE_NODE))
     kwok.ensure_fake_nodes(kube.kubeconfig, cluster.core, nodes)
-    apps = client.AppsV1Api(cluster.api_client)
-    paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
+    paused = pause_installed_operators(cluster)
     for ns, name, _ in paused:
-        apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": 0}})
         out(f"paused the installed operator {ns}/{name}")
 
     namespace = f"progress-{uuid.uuid4().hex[:6]}"
@@ -283,7 +280,7 @@ def main() -> None:
         process.start()
         port = process.operator.progress_port  # a free one, passed by the test Operator
         create_namespace(cluster, namespace)
-        watches = watch_namespace(cluster, namespace, state)
+        watches = watch_namespaces(cluster, {namespace}, state)
         names = [f"p-{i}" for i in range(args.jobs)]
         start = time.monotonic()
         parallel(lambda name: cluster.create_job(namespace, name, SPEC), names)
@@ -361,8 +358,7 @@ def main() -> None:
         process.stop()
         out(f"operator log: {workdir / 'operator.log'}")
         cleanup(cluster, [namespace])
-        for ns, name, replicas in paused:
-            apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": replicas}})
+        resume_installed_operators(cluster, paused)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client.parser import text_string_to_metric_families
@@ -74,7 +73,15 @@ from kubetf.core import api
 from tests.bench.operator_bench import percentile, rss_mib
 from tests.cluster import kwok
 from tests.cluster.fixture import ensure_cluster
-from tests.integration.conftest import AS_INSTALLED, Cluster, Operator, _installed_operators, pod_template, replica
+from tests.integration.conftest import (
+    AS_INSTALLED,
+    Cluster,
+    Operator,
+    pause_installed_operators,
+    pod_template,
+    replica,
+    resume_installed_operators,
+)
 
 PODS_PER_JOB = 5
 VICTIM = "worker-1"  # the pod of each preempted job the Eviction API takes
@@ -636,8 +643,10 @@ def main() -> None:
     selector = "=".join(NAMESPACE_LABEL)
     leftover = cluster.core.list_namespace(label_selector=selector).items
     if leftover:
-        sys.exit(f"an earlier run's namespaces still exist: {', '.join(n.metadata.name for n in leftover)}; wait for"
-                 f" their deletion (kubectl get ns -l {selector}) and run again")
+        sys.exit(
+            f"an earlier run's namespaces still exist: {', '.join(n.metadata.name for n in leftover)}; wait for"
+            f" their deletion (kubectl get ns -l {selector}) and run again"
+        )
     cluster.install_crd()
     pods = PODS_PER_JOB * (args.jobs + args.burst) + args.foreign_pods
     nodes = max(4, math.ceil(pods * 1.2 / PODS_PER_FAKE_NODE))
@@ -645,10 +654,8 @@ def main() -> None:
     fake_nodes = kwok.ensure_fake_nodes(kube.kubeconfig, cluster.core, nodes)
     out(f"{nodes} fake nodes Ready ({time.monotonic() - start:.0f}s) for {pods} pods")
 
-    apps = client.AppsV1Api(cluster.api_client)
-    paused = [(d.metadata.namespace, d.metadata.name, d.spec.replicas) for d in _installed_operators(cluster)]
+    paused = pause_installed_operators(cluster)
     for namespace, name, _ in paused:
-        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": 0}})
         out(f"paused the installed operator {namespace}/{name}")
 
     suffix = uuid.uuid4().hex[:6]
@@ -817,8 +824,7 @@ def main() -> None:
         process.stop()
         out(f"operator log: {workdir / 'operator.log'}")
         cleanup(cluster, [*namespaces, foreign])
-        for ns, name, replicas in paused:
-            apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": replicas}})
+        resume_installed_operators(cluster, paused)
 
 
 def cleanup(cluster: Cluster, namespaces: list[str]) -> None:

@@ -608,6 +608,13 @@ def pause_installed_operators(cluster: Cluster) -> list[tuple[str, str, int]]:
     return paused
 
 
+def resume_installed_operators(cluster: Cluster, paused: list[tuple[str, str, int]]) -> None:
+    """Scale what pause_installed_operators paused back to its replicas."""
+    apps = client.AppsV1Api(cluster.api_client)
+    for namespace, name, replicas in paused:
+        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
+
+
 @pytest.fixture(scope="package")
 def operator(cluster, tmp_path_factory, request):
     """This worker's operator under test. An installed one is scaled to zero for the run (two operators on the
