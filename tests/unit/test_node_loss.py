@@ -1,5 +1,7 @@
 """When a node stopped reporting, read from its Node object (kubetf.core.node_loss.lost_since)."""
 
+import threading
+
 import pytest
 
 from kubetf.cluster.cache import Store
@@ -50,3 +52,33 @@ def test_a_node_that_stopped_just_after_a_heartbeat_is_blamed_for_a_failure_righ
     observer = Observer(Nodes(), Store(tombstone_seconds=1), None, None, DEFAULTS, clock=lambda: marked + 3)  # type: ignore[arg-type]
     since = observer._read_node("spot-1", marked + 3)
     assert since is not None and since <= failure
+
+
+def test_a_node_is_read_by_one_reconcile_at_a_time_the_others_take_what_was_read_before():
+    entered, release = threading.Event(), threading.Event()
+
+    class Nodes:
+        calls = 0
+
+        def get_node(self, name):
+            self.calls += 1
+            entered.set()
+            release.wait(5)
+            return node("False", NOW - 7)
+
+    nodes = Nodes()
+    deleting = [
+        {"metadata": {"name": f"p{i}", "deletionTimestamp": "x"}, "spec": {"nodeName": "spot-1"}} for i in (1, 2)
+    ]
+    observer = Observer(nodes, Store(tombstone_seconds=1), None, None, DEFAULTS, clock=lambda: NOW)  # type: ignore[arg-type]
+    found = []
+    reader = threading.Thread(target=lambda: found.append(observer._lost_nodes(deleting[:1], NOW)))
+    reader.start()
+    assert entered.wait(5)
+    # Another job's reconcile while that read is slow: nothing was known of the node yet, and it is not read twice.
+    assert observer._lost_nodes(deleting[1:], NOW + 1) == {}
+    release.set()
+    reader.join(5)
+    assert found == [{"spot-1": NOW - 7}]
+    assert observer._lost_nodes(deleting, NOW + 2) == {"spot-1": NOW - 7}  # the read serves node_state_seconds
+    assert nodes.calls == 1

@@ -2,7 +2,7 @@
 fill, and from the API what no watch holds: the nodes of pods that may be lost, a LocalQueue not shown yet, the
 priority class of a job whose Workload is to be made, the ResourceFlavors of an admitted job, and the logs a
 MultiWorkerMirrored group restart asks for (kubetf.core.sigterm). Reads shared by every job (a node, a LocalQueue,
-a class, a flavor) serve a few seconds (OperatorConfig)."""
+a class, a flavor) serve a few seconds (OperatorConfig); a node is read by one reconcile at a time."""
 
 from __future__ import annotations
 
@@ -191,7 +191,11 @@ class Observer:
         for node in nodes:
             with self.lock:
                 read_at, since = self.node_states.get(node, (-math.inf, None))
-            if now - read_at >= self.config.node_state_seconds:
+                due = now - read_at >= self.config.node_state_seconds
+                if due:  # claimed: meanwhile the other reconciles take what was read before (bench-scale, 2,000
+                    # jobs finishing on 14 nodes: 0.9 reads per job, each reconcile reading while another's was slow)
+                    self.node_states[node] = (now, since)
+            if due:
                 since = self._read_node(node, now)
                 with self.lock:
                     self.node_states[node] = (now, since)
