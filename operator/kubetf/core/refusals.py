@@ -59,8 +59,9 @@ def trial(status: dict[str, Any], batches: list[list[dict[str, Any]]]) -> list[d
 
 def shape(obj: dict[str, Any], job: Job) -> str:
     """What admitting `obj` can depend on, equal for two jobs of one namespace that differ only in name and uid: the
-    object with its job's name and uid masked. The name's length stays in it (longer derived names, label values and
-    hostnames may not be valid); `\\x00` marks the masks, as json.dumps escapes it wherever it occurs."""
+    object with its job's name and uid masked. The namespace and the name's length stay in it (one tenant's admission
+    never vouches for another's; a longer name makes longer derived names and label values). A NUL marks the masks:
+    json.dumps escapes every NUL of the object itself, so nothing in it reads as a mask."""
     name, uid = api.name(job), job["metadata"]["uid"]
     text = json.dumps(obj, sort_keys=True).replace(uid, "\x00uid").replace(name, "\x00name")
     digest = hashlib.sha256(text.encode()).hexdigest()
@@ -74,8 +75,8 @@ class Admitted:
     or LimitRange, a webhook's policy): then, for jobs created within `seconds` of the change, the real create says
     it (`record`), and what of the job was created with it stays. A quota refuses the pods the same either way (a
     trial asks for one pod per role: it never promised that a quota holds the whole job), but with no room left the
-    job's Service is created before its pods are refused. The Service and the PVC are always
-    tried: their trial also says whose an existing one of their name is. Not thread-safe: the caller locks.
+    job's Service is created before its pods are refused. Every other object (the Service, the PVC, a gang's) is
+    always tried: its trial also says whose an existing one of its name is. Not thread-safe: the caller locks.
     """
 
     def __init__(self, seconds: float, most: int = 1024) -> None:
