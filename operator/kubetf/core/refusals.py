@@ -83,14 +83,20 @@ class Admitted:
         self.seconds, self.most = seconds, most
         self.since: OrderedDict[str, float] = OrderedDict()
 
-    def untried(self, trial: list[dict[str, Any]], job: Job, now: float) -> list[dict[str, Any]]:
-        """What of `trial` to dry-run: all but the pods of a shape admitted lately."""
-        return [o for o in trial if o["kind"] != "Pod" or not self._recent(shape(o, job), now)]
+    def untried(self, trial: list[dict[str, Any]], job: Job, now: float) -> tuple[list[dict[str, Any]], list[str]]:
+        """What of `trial` to dry-run (all but the pods of a shape admitted lately), and the shapes of its pods, for
+        `remember` once they pass."""
+        untried, shapes = [], []
+        for obj in trial:
+            key = shape(obj, job) if obj["kind"] == "Pod" else None
+            if key is None or not self._recent(key, now):
+                untried.append(obj)
+                shapes += [key] if key is not None else []
+        return untried, shapes
 
-    def remember(self, tried: list[dict[str, Any]], job: Job, now: float) -> None:
-        """The pods of `tried` passed their dry run at `now`."""
-        for pod in (o for o in tried if o["kind"] == "Pod"):
-            key = shape(pod, job)
+    def remember(self, shapes: list[str], now: float) -> None:
+        """Pods of these shapes passed their dry run at `now`."""
+        for key in shapes:
             self.since.pop(key, None)
             self.since[key] = now
         while len(self.since) > self.most:

@@ -169,11 +169,11 @@ class Executor:
 
     def _dry_run(self, job: dict[str, Any], trial: list[dict[str, Any]], now: float) -> refusals.Refusal | None:
         with self.lock:
-            untried = self.admitted.untried(trial, job, now)
+            untried, shapes = self.admitted.untried(trial, job, now)
         refusal = self.kube.dry_run(untried, job["metadata"]["uid"]) if untried else None
-        if refusal is None and untried:
+        if refusal is None and shapes:
             with self.lock:
-                self.admitted.remember(untried, job, now)
+                self.admitted.remember(shapes, now)
         return refusal
 
     def _delete(self, key: Key, plan: Plan) -> None:
