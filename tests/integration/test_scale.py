@@ -97,3 +97,32 @@ def test_a_burst_of_creations_does_not_hold_back_the_recovery_of_a_preempted_job
     print(f"\npreemption to all 5 replacement pods: {recovery:.2f}s, {len(waiting)} burst jobs still without pods")
     burst.join(120)
     assert waiting, "the burst was over before the preempted group was recreated: it did not go first"
+
+
+def test_a_burst_of_new_jobs_gets_its_pods_first_then_every_status_and_event(cluster, namespace_operator, namespace):
+    """New jobs waiting for their pods go before new jobs' first statuses (the API server's CPU sets a burst's pace,
+    and the status write is a new job's dearest call); no status and no CreatedPods event is lost by waiting."""
+    operator, jobs = namespace_operator, 40
+    operator.stop()  # the burst arrives while no operator runs: its start finds all 40 waiting, whatever the timing
+    spec = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(3)}}
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: cluster.create_job(namespace, f"burst-{i}", spec), range(jobs)))
+    operator.start()
+    wait_for(
+        lambda: sum(s.get("phase") == "Pending" for s in cluster.statuses(namespace).values()) == jobs,
+        60,
+        "every job of the burst Pending",
+    )
+    pods = cluster.live_pods_by_job(namespace)
+    for i in range(jobs):
+        name = f"burst-{i}"
+        assert len(pods.get(name, {})) == 3, name
+        tasks = cluster.status(namespace, name)["tasks"]
+        assert {task["state"] for task in tasks.values()} == {"Created"}, (name, tasks)
+        created = [e for e in cluster.events(namespace, name) if e["reason"] == "CreatedPods"]
+        assert len(created) == 1, (name, created)
+    # With 8 workers, about the first 32 found others still waiting for their pods when their own were created: their
+    # statuses waited for them, and were handed out at the queue's lowest priority (a few may be brought earlier by
+    # another event of their job: kopf's first list after the operator's own, which then writes them).
+    held = operator.metric_total("kubetf_workqueue_wait_seconds_count", only={"priority": "report"})
+    assert held >= jobs // 2, held

@@ -11,7 +11,7 @@ from kubernetes import client
 from kubetf.cluster.kube import Kube, NotLeader
 from kubetf.core import kueue, reconcile
 from kubetf.core.config import DEFAULTS, OperatorConfig
-from kubetf.runtime.controller import FOLLOW, NORMAL, RESYNC, URGENT, Controller
+from kubetf.runtime.controller import FOLLOW, NORMAL, REPORT, URGENT, Controller
 from tests.cluster.fixture import wait_for
 
 from .fake_api import FakeApi
@@ -167,7 +167,7 @@ def test_reads_come_from_the_cache_not_the_api():
     assert not [c for c in shell.api.calls if c.startswith(("get", "list"))]
 
 
-def test_a_pod_that_ended_goes_ahead_of_a_pod_that_started_which_goes_ahead_of_new_jobs_and_resyncs():
+def test_a_pod_that_ended_goes_ahead_of_a_pod_that_started_which_goes_ahead_of_new_jobs_and_reports():
     """A job's pods that started are followed by its status before new jobs are created (behind a burst of
     creations the statuses lagged their pods by a minute); a pod that ended goes first of all."""
     shell = Shell(mwms())
@@ -178,7 +178,7 @@ def test_a_pod_that_ended_goes_ahead_of_a_pod_that_started_which_goes_ahead_of_n
         shell.controller.reconcile(key)
     shell.api.deliver(shell.controller)
     shell.queued()
-    shell.controller.queue.add(("default", "resynced"), RESYNC)
+    shell.controller.queue.add(("default", "reported"), REPORT)
     shell.api.add_job(dict(mwms(), metadata={"name": "newcomer", "namespace": "default"}))
     shell.api.deliver(shell.controller)
     shell.api.pods["started-worker-0"]["status"] = {"phase": "Running"}
@@ -192,8 +192,77 @@ def test_a_pod_that_ended_goes_ahead_of_a_pod_that_started_which_goes_ahead_of_n
         (shell.key, URGENT),
         (started, FOLLOW),
         (("default", "newcomer"), NORMAL),
-        (("default", "resynced"), RESYNC),
+        (("default", "reported"), REPORT),
     ]
+
+
+def burst_behind(shell, *names):
+    """New jobs arrive behind the shell's: their creations wait in the queue."""
+    shell.queued()
+    for name in names:
+        shell.api.add_job(dict(mwms(), metadata={"name": name, "namespace": "default"}))
+    shell.api.deliver(shell.controller)
+
+
+def test_a_new_jobs_first_status_waits_while_other_new_jobs_wait_for_their_pods():
+    """In a burst the API server's CPU sets the pace, and the status write is a new job's dearest call: the pods of
+    every job waiting are created first, then the statuses are written (with their CreatedPods events)."""
+    shell = Shell(mwms())
+    burst_behind(shell, "second")
+    shell.controller.reconcile(shell.key)
+    assert sorted(p for p in shell.api.pods if p.startswith("mnist-")) == ["mnist-chief-0", "mnist-worker-0",
+                                                                          "mnist-worker-1"]  # fmt: skip
+    assert shell.status() == {}
+    assert shell.api.recorded == [] and "patch status" not in shell.api.calls
+    second = ("default", "second")
+    # In the line of new jobs at the latest 10 s later: a steady stream of them never starves it.
+    due = shell.controller.config.first_status_within
+    assert (T0 + due, shell.key, NORMAL) in [(when, key, p) for when, _, key, p in shell.controller.queue.timers]
+    assert shell.queued() == [(second, NORMAL), (shell.key, REPORT)]
+
+    shell.controller.reconcile(second)  # nothing else waits: its status is written at once
+    assert shell.api.jobs[second]["status"]["phase"] == "Pending"
+    assert shell.api.calls.count("patch status") == 1
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key, REPORT)
+    assert shell.api.recorded[-1] == ("Normal", "CreatedPods", "Created mnist-chief-0, mnist-worker-0, mnist-worker-1")
+    status = shell.status()
+    assert status["phase"] == "Pending"
+    assert status["tasks"] == shell.api.jobs[second]["status"]["tasks"]
+    assert {task["state"] for task in status["tasks"].values()} == {"Created"}
+    assert shell.api.calls.count("patch status") == 2
+    assert shell.api.calls.count("create Pod") == 6  # and nothing created twice
+
+
+def test_a_held_first_status_is_superseded_by_the_one_its_running_pods_bring():
+    shell = Shell(mwms())
+    burst_behind(shell, "second")
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    shell.run_all()  # its pods start before the burst's creations are done
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key, FOLLOW)
+    assert shell.status()["phase"] == "Running"
+    assert shell.api.calls.count("patch status") == 1  # one write: no Pending first
+    assert [reason for _, reason, _ in shell.api.recorded] == ["CreatedPods"]
+
+
+def test_a_held_first_status_of_a_job_deleted_meanwhile_is_not_said_of_its_successor():
+    shell = Shell(mwms())
+    burst_behind(shell, "second")
+    shell.controller.reconcile(shell.key)
+    shell.api.delete_job(*shell.key)
+    for name in list(shell.api.pods):
+        if name.startswith("mnist-"):
+            shell.api.remove_pod(name)
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key)  # gone: its farewell
+    shell.api.add_job(mwms())  # the same name again: a new job
+    shell.api.deliver(shell.controller)
+    shell.queued()
+    shell.controller.reconcile(shell.key)
+    assert [reason for _, reason, _ in shell.api.recorded] == ["CreatedPods"]
+    assert shell.status()["phase"] == "Pending"
 
 
 def test_a_restarts_reconcile_makes_its_parallel_calls_on_the_urgent_lane_and_a_new_jobs_does_not():

@@ -26,6 +26,20 @@ def test_most_urgent_first_fifo_within_a_priority_and_each_key_once():
     assert order == [("ended", 0), ("resync", 0), ("new-a", 1), ("new-b", 1)]
 
 
+def test_waiting_counts_the_keys_queued_up_to_a_priority_but_the_one_asking():
+    queue = WorkQueue()
+    queue.add("new-a", 2)
+    assert not queue.waiting(2, besides="new-a")
+    queue.add("report-b", 3)
+    assert not queue.waiting(2, besides="new-a")
+    queue.add("report-b", 1)  # moved up
+    assert queue.waiting(2, besides="new-a") and not queue.waiting(0, besides="new-a")
+    assert queue.get() == ("report-b", 1)
+    assert queue.waiting(2, besides="x") and not queue.waiting(2, besides="new-a")
+    queue.get()
+    assert not queue.waiting(3, besides="x")
+
+
 def test_a_key_is_never_processed_twice_at_once_and_comes_back_once_if_added_meanwhile():
     queue = WorkQueue()
     queue.add("job", 1)

@@ -21,7 +21,7 @@ API_SECONDS = Histogram(
 QUEUE_DEPTH = Gauge("kubetf_workqueue_depth", "Jobs waiting for a reconcile")
 QUEUE_WAIT = Histogram(
     "kubetf_workqueue_wait_seconds",
-    "How long a job ready for a reconcile waited for a worker, by priority (urgent, follow, normal, resync)",
+    "How long a job ready for a reconcile waited for a worker, by priority (urgent, follow, normal, report)",
     ["priority"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )

@@ -45,6 +45,7 @@ class WorkQueue(Generic[Key]):
         self.seq = itertools.count()
         self.ready: list[tuple[int, int, Key]] = []  # (priority, sequence, key): lower runs first
         self.queued: dict[Key, tuple[int, int]] = {}  # the live entry of each queued key
+        self.queued_at: dict[int, int] = {}  # how many keys are queued at each priority
         self.ready_since: dict[Key, float] = {}  # since when each queued key waits at its priority
         self.processing: set[Key] = set()
         self.again: dict[Key, int] = {}  # added while processing: queued when done, at this priority
@@ -59,6 +60,13 @@ class WorkQueue(Generic[Key]):
     def __len__(self) -> int:
         with self.cond:
             return len(self.queued)
+
+    def waiting(self, most: int, besides: Key) -> bool:
+        """Whether a key other than `besides` waits for a worker at priority `most` or more urgent."""
+        with self.cond:
+            count = sum(n for priority, n in self.queued_at.items() if priority <= most)
+            own = self.queued.get(besides)
+            return count - (own is not None and own[0] <= most) > 0
 
     def handed_out(self) -> int:
         """How many keys were handed to workers since the queue began: how busy it is, read twice."""
@@ -76,8 +84,11 @@ class WorkQueue(Generic[Key]):
         current = self.queued.get(key)
         if current is not None and current[0] <= priority:
             return
+        if current is not None:
+            self.queued_at[current[0]] -= 1
         entry = (priority, next(self.seq))
         self.queued[key] = entry
+        self.queued_at[priority] = self.queued_at.get(priority, 0) + 1
         self.ready_since[key] = self.clock()  # its wait at this priority starts
         heapq.heappush(self.ready, (*entry, key))
         self.cond.notify()
@@ -107,6 +118,7 @@ class WorkQueue(Generic[Key]):
                     priority, seq, key = heapq.heappop(self.ready)
                     if self.queued.get(key) == (priority, seq):
                         del self.queued[key]
+                        self.queued_at[priority] -= 1
                         self.processing.add(key)
                         self.given += 1
                         self.on_wait(priority, self.clock() - self.ready_since.pop(key))

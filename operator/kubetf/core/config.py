@@ -36,6 +36,9 @@ class OperatorConfig:
     # changes its pods go through together cost one reconcile and one status write (the Job controller's
     # syncJobBatchPeriod); a pod that ended, went or is being taken away brings it at once.
     pod_batch_seconds: float = 0.5
+    # A new job's first status waits while other new jobs wait for their pods (runtime.executor: in a burst, the
+    # creations first), at most this long: then it joins the line of new jobs, so a steady stream never starves it.
+    first_status_within: float = 10.0
     # Per-job backoff after a failed reconcile: doubling from the first delay up to the cap; for an error of the
     # cluster that goes away by itself (a 5xx, a webhook it cannot call, a timeout), up to `transient_retry_cap`.
     error_backoff_first: float = 1.0

@@ -3,7 +3,8 @@
 Reads come from the cache the watches fill (`cache.Store`), completed by `Observer`; the decision is pure
 (`core.reconcile.plan`); `Executor` carries it out. A job whose own creates or deletes the watch has not shown yet
 waits for them (`workqueue.Expectations`). Reconciles are ordered by urgency: a pod that ended goes before a pod
-that started, which goes before new jobs' creations, which go before safety resyncs.
+that started, which goes before new jobs' creations, which go before what only reports
+(a place in Kueue's queue, a new job's first status while others wait for their creations).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from kubetf.core import api, gang, policy, reconcile, refusals
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import RECONCILE_ERROR, Failing
 from kubetf.core.plan import Plan
-from kubetf.runtime import positions
-from kubetf.runtime.executor import FOLLOW, NORMAL, URGENT, Executor
+from kubetf.runtime.executor import FOLLOW, NORMAL, REPORT, URGENT, Executor
 from kubetf.runtime.observer import Observer
 from kubetf.runtime.positions import QueuePositions
 from kubetf.runtime.progress.book import ProgressBook
@@ -35,8 +35,7 @@ from kubetf.runtime.progress.gauges import JobSeries
 
 log = logging.getLogger("kubetf.operator")
 
-RESYNC = positions.RESYNC  # nothing changed but a job's place in its queue (the others: runtime.executor)
-PRIORITY_NAMES = {URGENT: "urgent", FOLLOW: "follow", NORMAL: "normal", RESYNC: "resync"}
+PRIORITY_NAMES = {URGENT: "urgent", FOLLOW: "follow", NORMAL: "normal", REPORT: "report"}
 GANG_APIS = (f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}", f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}")
 
 

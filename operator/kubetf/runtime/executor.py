@@ -22,6 +22,7 @@ from kubetf.core.failing import Failing
 from kubetf.core.plan import Dispatch, Event, Farewell, Observed, Plan
 from kubetf.core.progress.health import UNHEALTHY
 from kubetf.core.sigterm import Watched
+from kubetf.runtime import positions
 from kubetf.runtime.positions import QueuePositions
 from kubetf.runtime.progress.gauges import JobSeries
 
@@ -34,6 +35,8 @@ URGENT = 0  # a pod ended, vanished or is being taken away, Kueue admitted or ev
 # statuses of jobs already Running lagged their pods by a minute and more (bench-scale, 1,000 jobs).
 FOLLOW = 1
 NORMAL = 2  # a new or changed job, a timer
+# Only a status to write: a place in Kueue's queue, a new job's first status while other jobs wait for their creations.
+REPORT = positions.REPORT
 
 
 class Progress(Protocol):
@@ -61,6 +64,7 @@ class Executor:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
+        self.unreported: dict[Key, tuple[str, list[Event]]] = {}  # a new job's events held with its first status
         self.admitted = refusals.Admitted(config.admitted_shape_seconds)
 
     def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell | Dispatch) -> Plan | None:
@@ -74,6 +78,7 @@ class Executor:
             return None
         job: dict[str, Any] = seen.job or {}
         original = job.get("status") or {}
+        self._post(job, self._held_events(key, job), 0)
         trial_refusal = self._dry_run(job, plan.trial, seen.now)
         plan = refusals.after_dry_run(plan, trial_refusal)
         stored, posted = original, 0
@@ -86,13 +91,14 @@ class Executor:
         self._write_workloads(key, plan.workload_writes)
         refusal = creation.refusal or trial_refusal
         final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config)
-        self._post(job, final.events, posted)
-        if final.status != stored:
-            self._write_status(key, job, stored, final.status, final)
-        elif final.progress is not None and _without_history(final.progress.progress) == _without_history(
-            stored.get("progress")
-        ):
-            self.progress.written(key, job["metadata"]["uid"], final.progress.version)  # nothing new to write
+        if not self._report_later(key, job, stored, final, creation, refusal, posted, seen.now):
+            self._post(job, final.events, posted)
+            if final.status != stored:
+                self._write_status(key, job, stored, final.status, final)
+            elif final.progress is not None and _without_history(final.progress.progress) == _without_history(
+                stored.get("progress")
+            ):
+                self.progress.written(key, job["metadata"]["uid"], final.progress.version)  # nothing new to write
         self._remember(key, job, original, final)
         self._schedule(key, final)
         if creation.error is not None:
@@ -112,6 +118,7 @@ class Executor:
         self.progress.forget(key)
         with self.lock:
             self.sigterm.pop(key, None)
+            self.unreported.pop(key, None)
         self._release(key, plan.release)
         self._write_workloads(key, plan.writes)
 
@@ -166,6 +173,41 @@ class Executor:
             metrics.JOBS.labels(phase=before).dec()
 
     # ------------------------------------------------------------------ steps
+
+    def _report_later(
+        self, key: Key, job: dict[str, Any], stored: dict[str, Any], final: Plan, creation: Creation,
+        refusal: refusals.Refusal | None, posted: int, now: float,
+    ) -> bool:  # fmt: skip
+        """A new job whose pods were all created while other new jobs wait for theirs: its first status (and the
+        events going with it) waits until they are created too, at most `first_status_within`. In a burst of new jobs
+        the API server's CPU sets the pace; the status write is its dearest call for such a job (`make
+        bench-call-cost`), and the first one is often superseded by the next (its pods scheduled, running). Its next
+        reconcile, whatever brings it, writes the status from what it observes (pods the status does not record are
+        taken for created: core.reconcile) and posts the events held here first. Only a status that records no
+        decision the next reconcile could not make again is held: a job never reported before, nothing refused or
+        failed, no gang (its pods carry none: a choice made again differs only if the cluster's gang APIs came within
+        those seconds, as after an operator that stopped there)."""
+        if (
+            stored.get("phase")
+            or final.status.get("phase") != st.PENDING
+            or not creation.created
+            or creation.error is not None
+            or refusal is not None
+            or (final.status.get("gang") or {}).get("scheduler", "None") != "None"
+            or not self.queue.waiting(NORMAL, besides=key)
+        ):
+            return False
+        with self.lock:
+            self.unreported[key] = (job["metadata"]["uid"], final.events[posted:])
+        self.queue.add(key, REPORT)
+        self.queue.at(now + self.config.first_status_within, key, NORMAL)
+        return True
+
+    def _held_events(self, key: Key, job: dict[str, Any]) -> list[Event]:
+        """The events `_report_later` held for this job: posted before anything this reconcile does."""
+        with self.lock:
+            uid, events = self.unreported.pop(key, ("", []))
+        return events if uid == job["metadata"]["uid"] else []
 
     def _dry_run(self, job: dict[str, Any], trial: list[dict[str, Any]], now: float) -> refusals.Refusal | None:
         with self.lock:

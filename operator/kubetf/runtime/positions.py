@@ -28,7 +28,7 @@ from kubetf.core.config import OperatorConfig
 log = logging.getLogger("kubetf.runtime.positions")
 
 PAGE = 1000  # the visibility API's own default and maximum page
-RESYNC = 3  # the work queue's lowest priority (controller.RESYNC): a place in a queue is never urgent
+REPORT = 3  # the work queue's lowest priority (runtime.executor.REPORT): a place in a queue is never urgent
 
 
 class Reader(Protocol):
@@ -125,7 +125,7 @@ class QueuePositions:
                     self.told.pop(workload_key, None)
                 else:
                     self.told[workload_key] = position
-            self.queue.add(key, RESYNC)
+            self.queue.add(key, REPORT)
 
     def _reads(self, tracked: dict[Key, tuple[str, str, str, str]]) -> dict[str, set[Key]]:
         """What to read: each ClusterQueue (or, without cluster-wide access, each LocalQueue) with the Workloads in
