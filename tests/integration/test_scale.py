@@ -126,3 +126,32 @@ def test_a_burst_of_new_jobs_gets_its_pods_first_then_every_status_and_event(clu
     # another event of their job: kopf's first list after the operator's own, which then writes them).
     held = operator.metric_total("kubetf_workqueue_wait_seconds_count", only={"priority": "report"})
     assert held >= jobs // 2, held
+
+
+def test_a_service_tried_by_creating_it_stops_a_job_whose_service_name_is_someone_elses(
+    cluster, namespace_operator, namespace
+):
+    """A second job of a template the API server admitted a moment ago ("mine", "ours": names of one length): its pods
+    are not tried, its Service is, by creating it first, alone. A Service of its name that is someone else's stops
+    the job before any pod is made, as a dry run would, and the job goes on once that Service is gone."""
+    spec = {"strategy": "MultiWorkerMirrored", "replicaSpecs": {"worker": replica(3)}}
+    cluster.create_job(namespace, "mine", spec)
+    cluster.wait_pods(namespace, "mine", lambda p: len(p) == 3, "the first job's pods")
+    theirs = {"metadata": {"name": "ours"}, "spec": {"clusterIP": "None", "selector": {"app": "theirs"}}}
+    cluster.core.create_namespaced_service(namespace, theirs)
+    job = cluster.create_job(namespace, "ours", spec)
+    status = wait_for(
+        lambda: (s := cluster.status(namespace, "ours")).get("reason") == "NameInUse" and s, 20, "ours in NameInUse"
+    )
+    message = next(c for c in status["conditions"] if c["status"] == "True")["message"]
+    assert "Service ours exists and is not this job's (no owner)" in message, message
+    assert cluster.pods(namespace, "ours") == {}
+    cluster.core.delete_namespaced_service("ours", namespace)
+    cluster.wait_pods(namespace, "ours", lambda p: len(p) == 3, "its pods once the name is free", 30)
+    service = cluster.core.read_namespaced_service("ours", namespace)
+    assert [o.uid for o in service.metadata.owner_references] == [job["metadata"]["uid"]]
+    # Service creates the API server took: mine's dry run and create; ours' create alone (its refused ones: 409s).
+    operator, service_calls = namespace_operator, {"verb": "create", "resource": "service"}
+    created = operator.metric_total("kubetf_api_requests_total", only=service_calls)
+    refused = operator.metric_total("kubetf_api_errors_total", only=service_calls)
+    assert (created - refused, refused >= 1) == (3, True), (created, refused)

@@ -319,6 +319,16 @@ class FakeApi:
                 found.append(Refusal(refusals.NAME_IN_USE, obj["kind"], name, message))
         return found[0] if found else None
 
+    def create_first(self, obj: Obj, owner_uid: str) -> Refusal | None:
+        refusal = self.dry_run([obj], owner_uid)
+        self.calls[-1] = f"create {obj['kind']} first"
+        if refusal is None and (obj["kind"], obj["metadata"]["name"]) not in self.others:
+            stored = copy.deepcopy(obj)
+            stored["metadata"]["uid"] = f"uid-{next(self.uids)}"
+            self._bump(stored)
+            self.others[(obj["kind"], obj["metadata"]["name"])] = stored
+        return refusal
+
     def create_batches(self, batches: list[list[Obj]]) -> Creation:
         result = Creation()
         objects = [o for batch in batches for o in batch]

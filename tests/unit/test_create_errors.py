@@ -187,7 +187,9 @@ def test_a_burst_of_jobs_from_one_template_dry_runs_their_pods_once():
     assert tried(shell) == ["Pod", "Pod", "Service"]
     shell.now += 9
     submit(shell, job("run-b", chief=replica(1), worker=replica(2)))
-    assert tried(shell) == ["Service"]  # its pods differ from run-a's only in the job's name and uid
+    # Its pods differ from run-a's only in the job's name and uid: not tried; its Service is, by creating it first.
+    assert shell.api.calls[:2] == ["create Service first", "create Pod"]
+    assert tried(shell) == []
     assert len(shell.api.pods) == 6
     # Not the same shape: a longer name, another namespace, another image.
     submit(shell, job("run-bb", chief=replica(1), worker=replica(2)))
@@ -200,6 +202,38 @@ def test_a_burst_of_jobs_from_one_template_dry_runs_their_pods_once():
     shell.now += 10  # admitted_shape_seconds after run-a's trial, 1 s after run-b's
     submit(shell, job("run-e", chief=replica(1), worker=replica(2)))
     assert tried(shell) == ["Pod", "Pod", "Service"]
+
+
+def test_a_service_tried_by_creating_it_first_stops_the_creates_when_its_name_is_not_the_jobs():
+    """The trial by creation says what a dry run would: a Service of the job's name that is someone else's (here: a
+    previous job's, still being deleted) is waited for, and no pod is made meanwhile."""
+    shell = Shell(job("run-a", chief=replica(1), worker=replica(2)))
+    shell.controller.reconcile(shell.key)
+    held = {
+        "name": "run-b",
+        "uid": "uid-of-the-old-run-b",
+        "deletionTimestamp": "2027-01-15T07:59:00Z",
+        "ownerReferences": [{"kind": "TrainingJob", "name": "run-b", "uid": "old", "controller": True}],
+    }
+    shell.api.others[("Service", "run-b")] = {"kind": "Service", "metadata": held}
+    tried(shell)
+    document = job("run-b", chief=replica(1), worker=replica(2))
+    shell.api.add_job(document)
+    shell.api.deliver(shell.controller)
+    key = (document["metadata"]["namespace"], "run-b")
+    with pytest.raises(Refused, match="Service run-b of a previous job is still being deleted"):
+        shell.controller.reconcile(key)  # retried with the job's backoff
+    assert shell.api.calls[0] == "create Service first"
+    assert "create Pod" not in shell.api.calls and not [p for p in shell.api.pods if p.startswith("run-b")]
+    status = shell.api.jobs[key]["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "NameInUse")
+    del shell.api.others[("Service", "run-b")]  # the garbage collector let it go
+    shell.controller.reconcile(key)
+    assert len([p for p in shell.api.pods if p.startswith("run-b")]) == 3
+    assert (
+        shell.api.others[("Service", "run-b")]["metadata"]["ownerReferences"][0]["uid"]
+        == (shell.api.jobs[key]["metadata"]["uid"])
+    )
 
 
 def test_a_refused_shape_is_tried_again_for_the_next_job():

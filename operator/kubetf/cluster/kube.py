@@ -434,14 +434,19 @@ class Kube:
     def dry_run(self, objects: list[Obj], owner_uid: str) -> Refusal | None:
         """Server-side dry run of creating `objects` (validation and admission, nothing stored), in parallel:
         the worst refusal (invalid, then name in use, then denied), None when all may be created."""
-        found = [r for r in self._parallel().map(lambda o: self._dry_run(o, owner_uid), objects) if r is not None]
+        found = [r for r in self._parallel().map(lambda o: self._trial(o, owner_uid), objects) if r is not None]
         order = (INVALID, NAME_IN_USE, DENIED, UNAVAILABLE)
         return min(found, key=lambda r: order.index(r.cause)) if found else None
 
-    def _dry_run(self, obj: Obj, owner_uid: str) -> Refusal | None:
+    def create_first(self, obj: Obj, owner_uid: str) -> Refusal | None:
+        """Create `obj` as its own trial, before anything else of its job (core.refusals.service_first): a refusal
+        as `dry_run` gives it, an existing object of its name included (None: it is the job's to use)."""
+        return self._trial(obj, owner_uid, dry_run=False)
+
+    def _trial(self, obj: Obj, owner_uid: str, dry_run: bool = True) -> Refusal | None:
         kind = obj["kind"]
         try:
-            self._create_call(obj, dry_run="All")
+            self._create_call(obj, **({"dry_run": "All"} if dry_run else {}))
         except (ApiException, urllib3.exceptions.HTTPError) as error:
             if isinstance(error, ApiException) and _namespace_terminating(error):
                 return None

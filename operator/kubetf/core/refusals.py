@@ -6,7 +6,8 @@ NAME_IN_USE (a previous object of the same name) keep it waiting, with startupTi
 first refusal; UNAVAILABLE (the API server or a webhook it calls cannot answer now) is retried soon and costs the
 job nothing. A new job is dry-run first (`trial`): nothing of it is created unless all of it would be. A pod whose
 shape (`shape`: the pod as built, but for its job's name and uid) passed a dry run in the last seconds is not tried
-again (`Admitted`): of a burst of jobs made from one template, the first is tried, not each.
+again (`Admitted`): of a burst of jobs made from one template, the first is tried, not each, and the others'
+Services are tried by creating them first (`service_first`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class Admitted:
     it (`record`), and what of the job was created with it stays. A quota refuses the pods the same either way (a
     trial asks for one pod per role: it never promised that a quota holds the whole job), but with no room left the
     job's Service is created before its pods are refused. Every other object (the Service, the PVC, a gang's) is
-    always tried: its trial also says whose an existing one of its name is. Not thread-safe: the caller locks.
+    always tried, a lone Service by creating it (`service_first`): its trial also says whose an existing one of its
+    name is. Not thread-safe: the caller locks.
     """
 
     def __init__(self, seconds: float, most: int = 1024) -> None:
@@ -105,6 +107,19 @@ class Admitted:
     def _recent(self, key: str, now: float) -> bool:
         since = self.since.get(key)
         return since is not None and 0 <= now - since < self.seconds
+
+
+def service_first(plan: Plan, untried: list[dict[str, Any]]) -> tuple[Plan, dict[str, Any] | None]:
+    """When all that is left of a trial is the job's Service (its pods' shapes were admitted lately; a claim or a
+    gang's objects are always tried), the Service is not dry-run: it is created, alone, before anything else (the
+    plan's batches without it, and the Service to create first). A Service the API server refuses, or one of that
+    name that is not the job's (whose it is, as the trial would ask: cluster.kube), stops the creates with nothing
+    made; one it takes is the one the job needs anyway. One call where there were two; the round trip stays."""
+    if len(untried) != 1 or untried[0]["kind"] != "Service":
+        return plan, None
+    service = untried[0]
+    batches = [kept for batch in plan.batches if (kept := [o for o in batch if o is not service])]
+    return dataclasses.replace(plan, batches=batches), service
 
 
 def after_dry_run(plan: Plan, refusal: Refusal | None) -> Plan:

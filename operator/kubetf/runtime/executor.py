@@ -79,8 +79,7 @@ class Executor:
         job: dict[str, Any] = seen.job or {}
         original = job.get("status") or {}
         self._post(job, self._held_events(key, job), 0)
-        trial_refusal = self._dry_run(job, plan.trial, seen.now)
-        plan = refusals.after_dry_run(plan, trial_refusal)
+        plan, trial_refusal = self._try(job, plan, seen.now)
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
             posted = self._post(job, plan.events, posted)
@@ -209,14 +208,21 @@ class Executor:
             uid, events = self.unreported.pop(key, ("", []))
         return events if uid == job["metadata"]["uid"] else []
 
-    def _dry_run(self, job: dict[str, Any], trial: list[dict[str, Any]], now: float) -> refusals.Refusal | None:
+    def _try(self, job: dict[str, Any], plan: Plan, now: float) -> tuple[Plan, refusals.Refusal | None]:
+        """The plan's trial (core.refusals): dry runs of what was not admitted lately, or a lone Service created
+        first; the plan without its creates when refused."""
         with self.lock:
-            untried, shapes = self.admitted.untried(trial, job, now)
-        refusal = self.kube.dry_run(untried, job["metadata"]["uid"]) if untried else None
+            untried, shapes = self.admitted.untried(plan.trial, job, now)
+        plan, first = refusals.service_first(plan, untried)
+        uid = job["metadata"]["uid"]
+        if first is not None:
+            refusal = self.kube.create_first(first, uid)
+        else:
+            refusal = self.kube.dry_run(untried, uid) if untried else None
         if refusal is None and shapes:
             with self.lock:
                 self.admitted.remember(shapes, now)
-        return refusal
+        return refusals.after_dry_run(plan, refusal), refusal
 
     def _delete(self, key: Key, plan: Plan) -> None:
         self.expectations.expect(key, deletions=[p["metadata"]["uid"] for p in plan.delete])
