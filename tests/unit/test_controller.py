@@ -232,6 +232,8 @@ def test_a_new_jobs_first_status_waits_while_other_new_jobs_wait_for_their_pods(
     assert {task["state"] for task in status["tasks"].values()} == {"Created"}
     assert shell.api.calls.count("patch status") == 2
     assert shell.api.calls.count("create Pod") == 6  # and nothing created twice
+    # Reported: no reconcile 10 s later for nothing (the wakeups its plan needs are set again).
+    assert shell.controller.queue.due.get((shell.key, NORMAL)) != T0 + due
 
 
 def test_a_held_first_status_is_superseded_by_the_one_its_running_pods_bring():
@@ -245,6 +247,27 @@ def test_a_held_first_status_is_superseded_by_the_one_its_running_pods_bring():
     assert shell.status()["phase"] == "Running"
     assert shell.api.calls.count("patch status") == 1  # one write: no Pending first
     assert [reason for _, reason, _ in shell.api.recorded] == ["CreatedPods"]
+
+
+def test_a_held_event_the_api_server_did_not_take_is_posted_by_the_retry():
+    shell = Shell(mwms())
+    burst_behind(shell, "second")
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
+    post = shell.api.event
+
+    def unavailable(*args):
+        error = client.exceptions.ApiException(status=503, reason="the server is currently unable to handle it")
+        raise error
+
+    shell.api.event = unavailable
+    with pytest.raises(client.exceptions.ApiException):
+        shell.controller.reconcile(shell.key, REPORT)
+    assert shell.status() == {}  # nothing recorded: the crash-equivalent
+    shell.api.event = post
+    shell.controller.reconcile(shell.key, REPORT)
+    assert [reason for _, reason, _ in shell.api.recorded] == ["CreatedPods"]
+    assert shell.status()["phase"] == "Pending"
 
 
 def test_a_held_first_status_of_a_job_deleted_meanwhile_is_not_said_of_its_successor():

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
+from tests.cluster.fixture import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -38,6 +39,21 @@ def test_waiting_counts_the_keys_queued_up_to_a_priority_but_the_one_asking():
     assert queue.waiting(2, besides="x") and not queue.waiting(2, besides="new-a")
     queue.get()
     assert not queue.waiting(3, besides="x")
+
+
+def test_a_wakeup_taken_back_never_comes_and_another_is_not_taken_back():
+    now = [100.0]
+    queue = WorkQueue(clock=lambda: now[0])
+    queue.at(110.0, "job", 2)
+    queue.at(105.0, "other", 2)
+    queue.cancel_at("job", 2, 110.0)
+    queue.cancel_at("other", 2, 104.0)  # not the one due: stays
+    now[0] = 111.0
+    with queue.timer_cond:
+        queue.timer_cond.notify()
+    assert wait_for(lambda: len(queue) == 1, 5, "the other's wakeup")
+    assert queue.get() == ("other", 2)
+    assert len(queue) == 0
 
 
 def test_a_key_is_never_processed_twice_at_once_and_comes_back_once_if_added_meanwhile():

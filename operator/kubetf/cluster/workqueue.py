@@ -105,6 +105,13 @@ class WorkQueue(Generic[Key]):
             heapq.heappush(self.timers, (when, next(self.seq), key, priority))
             self.timer_cond.notify()
 
+    def cancel_at(self, key: Key, priority: int, when: float) -> None:
+        """Take back the wakeup `at(when, key, priority)` set, if it is still the one due (its heap entry is then
+        skipped). A later wakeup `at` refused for it is gone too: the caller sets again what it still needs."""
+        with self.cond:
+            if self.due.get((key, priority)) == when:
+                del self.due[(key, priority)]
+
     def get(self, most: int | None = None) -> tuple[Key, int]:
         """The next key to process, most urgent first (FIFO within a priority); blocks. Call `done` after. With
         `most`, only a key of that priority or more urgent (the queue's reserved workers all pass the same)."""

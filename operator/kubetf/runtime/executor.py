@@ -64,7 +64,8 @@ class Executor:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
-        self.unreported: dict[Key, tuple[str, list[Event]]] = {}  # a new job's events held with its first status
+        # A new job's events held with its first status: its uid, the events, when its report is due at the latest.
+        self.unreported: dict[Key, tuple[str, list[Event], float]] = {}
         self.admitted = refusals.Admitted(config.admitted_shape_seconds)
 
     def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell | Dispatch) -> Plan | None:
@@ -78,7 +79,7 @@ class Executor:
             return None
         job: dict[str, Any] = seen.job or {}
         original = job.get("status") or {}
-        self._post(job, self._held_events(key, job), 0)
+        self._post_held(key, job)
         plan, trial_refusal = self._try(job, plan, seen.now)
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
@@ -196,17 +197,27 @@ class Executor:
             or not self.queue.waiting(NORMAL, besides=key)
         ):
             return False
+        due = now + self.config.first_status_within
         with self.lock:
-            self.unreported[key] = (job["metadata"]["uid"], final.events[posted:])
+            self.unreported[key] = (job["metadata"]["uid"], final.events[posted:], due)
         self.queue.add(key, REPORT)
-        self.queue.at(now + self.config.first_status_within, key, NORMAL)
+        self.queue.at(due, key, NORMAL)
         return True
 
-    def _held_events(self, key: Key, job: dict[str, Any]) -> list[Event]:
-        """The events `_report_later` held for this job: posted before anything this reconcile does."""
+    def _post_held(self, key: Key, job: dict[str, Any]) -> None:
+        """Post the events `_report_later` held for this job (not a successor's of its name), before anything this
+        reconcile does; let go of them once posted: a post that fails fails the reconcile, whose retry posts them.
+        Its latest report is not due any more: this reconcile reports (and sets again the wakeups its plan needs)."""
         with self.lock:
-            uid, events = self.unreported.pop(key, ("", []))
-        return events if uid == job["metadata"]["uid"] else []
+            held = self.unreported.get(key)
+        if held is None:
+            return
+        uid, events, due = held
+        if uid == job["metadata"]["uid"]:
+            self._post(job, events, 0)
+        with self.lock:
+            self.unreported.pop(key, None)
+        self.queue.cancel_at(key, NORMAL, due)
 
     def _try(self, job: dict[str, Any], plan: Plan, now: float) -> tuple[Plan, refusals.Refusal | None]:
         """The plan's trial (core.refusals): dry runs of what was not admitted lately, or a lone Service created
