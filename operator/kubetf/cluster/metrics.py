@@ -30,6 +30,10 @@ API_WRITES_HELD = Counter(
     "kubetf_api_writes_held_seconds_total",
     "Seconds writes other than a restart's waited for urgent reconciles (a restart's calls go first)",
 )
+FIRST_STATUSES_HELD = Counter(
+    "kubetf_first_statuses_held_total",
+    "New jobs' first statuses (with their events) held while other new jobs waited for their pods",
+)
 API_ERRORS = Counter("kubetf_api_errors_total", "Kubernetes API errors", ["verb", "resource", "code"])
 CACHED_PODS = Gauge("kubetf_cached_pods", "Pods in the operator's cache: its own (the watch is filtered server-side)")
 REQUESTS = Counter(

@@ -198,6 +198,7 @@ class Executor:
         ):
             return False
         due = now + self.config.first_status_within
+        metrics.FIRST_STATUSES_HELD.inc()
         with self.lock:
             self.unreported[key] = (job["metadata"]["uid"], final.events[posted:], due)
         self.queue.add(key, REPORT)
