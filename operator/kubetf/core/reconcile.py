@@ -500,6 +500,24 @@ def _creations(
     result.trial = refusals.trial(result.status, result.batches)
 
 
+def first_report_may_wait(stored: dict[str, Any], final: Plan, created: list[dict[str, Any]],
+                          refusal: Refusal | None) -> bool:  # fmt: skip
+    """Whether the status of a plan that created pods could be left to the job's next reconcile: it is the job's
+    first (never reported before), Pending, nothing refused, and it records no decision that reconcile could not make
+    again. Pods the status does not record are taken for created (`_live`); a gang's scheduler, once chosen, is kept
+    in the status for the job's life (`_gang_scheduler`): a job with one is never left (its pods carry none without
+    one, and a choice made again differs only if the cluster's gang APIs came meanwhile, as after an operator that
+    stopped between its creates and its status write)."""
+    chosen = (final.status.get("gang") or {}).get("scheduler")
+    return (
+        not stored.get("phase")
+        and final.status.get("phase") == st.PENDING
+        and bool(created)
+        and refusal is None
+        and chosen in (None, "None")
+    )
+
+
 def after_creates(
     plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], refusal: Refusal | None, now: float,
     config: OperatorConfig,

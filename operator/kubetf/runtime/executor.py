@@ -182,18 +182,11 @@ class Executor:
         events going with it) waits until they are created too, at most `first_status_within`. In a burst of new jobs
         the API server's CPU sets the pace; the status write is its dearest call for such a job (`make
         bench-call-cost`), and the first one is often superseded by the next (its pods scheduled, running). Its next
-        reconcile, whatever brings it, writes the status from what it observes (pods the status does not record are
-        taken for created: core.reconcile) and posts the events held here first. Only a status that records no
-        decision the next reconcile could not make again is held: a job never reported before, nothing refused or
-        failed, no gang (its pods carry none: a choice made again differs only if the cluster's gang APIs came within
-        those seconds, as after an operator that stopped there)."""
+        reconcile, whatever brings it, writes the status from what it observes and posts the events held here first;
+        only a status that reconcile can decide again is held (core.reconcile.first_report_may_wait)."""
         if (
-            stored.get("phase")
-            or final.status.get("phase") != st.PENDING
-            or not creation.created
-            or creation.error is not None
-            or refusal is not None
-            or (final.status.get("gang") or {}).get("scheduler", "None") != "None"
+            creation.error is not None
+            or not reconcile.first_report_may_wait(stored, final, creation.created, refusal)
             or not self.queue.waiting(NORMAL, besides=key)
         ):
             return False
