@@ -236,6 +236,28 @@ def test_a_new_jobs_first_status_waits_while_other_new_jobs_wait_for_their_pods(
     assert shell.controller.queue.due.get((shell.key, NORMAL)) != T0 + due
 
 
+def test_a_held_first_status_is_written_10_s_later_while_new_jobs_still_keep_coming():
+    """A steady stream of new jobs never starves a held status: past `first_status_within` it takes its turn among
+    them."""
+    shell = Shell(mwms())
+    burst_behind(shell, "second")
+    shell.controller.reconcile(shell.key)
+    shell.queued()  # the report is not handed out: new jobs keep coming (here: one added at each turn)
+    shell.api.add_job(dict(mwms(), metadata={"name": "third", "namespace": "default"}))
+    shell.api.deliver(shell.controller)
+    shell.now += shell.controller.config.first_status_within
+    queue = shell.controller.queue
+    with queue.timer_cond:
+        queue.timer_cond.notify()
+    wait_for(lambda: shell.key in queue.queued, 5, "the held job back in the line of new jobs")
+    assert shell.queued() == [(("default", "third"), NORMAL), (shell.key, NORMAL)]
+    assert shell.status() == {}
+    shell.api.deliver(shell.controller)
+    shell.controller.reconcile(shell.key, NORMAL)
+    assert shell.status()["phase"] == "Pending"
+    assert [reason for _, reason, _ in shell.api.recorded] == ["CreatedPods"]
+
+
 def test_a_held_first_status_is_superseded_by_the_one_its_running_pods_bring():
     shell = Shell(mwms())
     burst_behind(shell, "second")
