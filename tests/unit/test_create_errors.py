@@ -14,7 +14,7 @@ from kubetf.runtime.executor import NORMAL
 from tests.cluster.fixture import wait_for
 
 from .jobs import container, job, replica
-from .test_controller import T0, Shell
+from .test_controller import T0, Shell, _deletions, _ended, _training
 
 pytestmark = pytest.mark.unit
 
@@ -423,39 +423,56 @@ def test_a_name_still_in_use_is_looked_at_again_within_seconds_not_minutes():
     assert shell.controller.queue.due[(shell.key, NORMAL)] == T0 + 10
 
 
-# ------------------------------------------------------------------ events before the status that records them
+# ------------------------------------------------------------------ events and the status that records them
 
 
-def test_events_are_posted_before_the_status_records_the_decision():
-    shell = Shell(mwms()).running()
+def test_events_are_posted_before_the_status_records_what_they_say():
+    shell = Shell(mwms())
+    shell.controller.reconcile(shell.key)
+    shell.api.deliver(shell.controller)
     shell.api.calls.clear()
-    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
-    shell.api.update_pod("mnist-worker-1")
+    for name in shell.api.pods:
+        shell.api.pods[name]["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        shell.api.update_pod(name)
     shell.api.deliver(shell.controller)
     shell.controller.reconcile(shell.key)
-    assert shell.api.calls.index("create Event") < shell.api.calls.index("patch status")
+    assert shell.api.calls == ["create Event", "patch status"]
+    assert shell.status()["phase"] == "Running"
 
 
-def test_an_event_the_api_server_did_not_take_leaves_the_decision_unrecorded_and_is_posted_again():
+def test_a_restarts_event_goes_out_after_its_status_and_deletes_which_its_replacements_wait_for():
     shell = Shell(mwms()).running()
-    shell.api.pods["mnist-worker-1"]["status"] = {"phase": "Failed"}
-    shell.api.update_pod("mnist-worker-1")
-    shell.api.deliver(shell.controller)
+    _training(shell, *shell.api.pods)
+    _ended(shell, "mnist-worker-1", "Failed")
+    shell.api.calls.clear()
+    shell.controller.reconcile(shell.key)
+    assert shell.api.calls[:4] == ["patch status", "delete Pod", "delete Pod", "delete Pod"]
+    assert shell.api.calls[4:] == ["create Event"]
+    assert [reason for _, reason, _ in shell.api.recorded][-1] == "Failed"
+
+
+def test_a_restarts_event_the_api_server_did_not_take_is_posted_by_the_retry_once():
+    shell = Shell(mwms()).running()
+    _training(shell, *shell.api.pods)
+    _ended(shell, "mnist-worker-1", "Failed")
+    events_before = len(shell.api.recorded)
     post = shell.api.event
 
     def unavailable(*args):
         raise api_error(503, "the server is currently unable to handle the request")
 
     shell.api.event = unavailable
-    recorded = len(shell.api.recorded)
     with pytest.raises(ApiException):
         shell.controller.reconcile(shell.key)
-    assert len(shell.api.recorded) == recorded
-    assert shell.status()["phase"] == "Running"  # the crash-equivalent: nothing recorded, nothing lost
+    assert shell.status()["restarts"]["failures"] == 1  # the decision is stored, and its deletes made
+    assert _deletions(shell) == ["delete Pod"] * 3
     shell.api.event = post
-    shell.controller.reconcile(shell.key)
-    assert shell.status()["phase"] == "Restarting"
-    assert [r for _, r, _ in shell.api.recorded][-1:] == ["Failed"]
+    shell.api.deliver(shell.controller)  # the deletes seen
+    shell.api.calls.clear()
+    shell.controller.reconcile(shell.key)  # the retry: nothing decided again, the event posted
+    assert [reason for _, reason, _ in shell.api.recorded[events_before:]] == ["Failed"]
+    assert shell.status()["restarts"]["failures"] == 1
+    assert "patch status" not in shell.api.calls and _deletions(shell) == []
 
 
 def test_the_refusal_reason_stays_until_the_creates_go_through():

@@ -1,6 +1,9 @@
 """Carries a plan out (kubetf.core.plan), in its fixed order, deciding nothing: every choice is in the plan.
 
-Events go out before the status write that records their decision (a crash repeats an event, never loses one).
+Events go out before the status write that records their decision (a crash repeats an event, never loses one),
+but for a decision that must be stored before pods are touched (a restart, a failure, a suspend): its events go out
+after its deletes, which a preemption's replacements wait for (a failed post is kept and posted by the retry; a
+crash between the two loses them, and the status's condition still says the decision).
 Its own creates and deletes are recorded as expectations (cluster.workqueue), so no reconcile acts on a cache that
 has not seen them; created pods go into the cache at once, so their ADDED events bring no reconcile.
 """
@@ -64,8 +67,9 @@ class Executor:
         self.lock = threading.Lock()
         self.phases: dict[Key, str] = {}
         self.sigterm: dict[Key, dict[str, Watched]] = {}  # what each job's plan asked to remember (core.sigterm)
-        # A new job's events held with its first status: its uid, the events, when its report is due at the latest.
-        self.unreported: dict[Key, tuple[str, list[Event], float]] = {}
+        # Events not posted yet (`_hold_events`): the job's uid, the events, when its held first status is due at the
+        # latest (None: a restart's, posted once its deletes are made).
+        self.held_events: dict[Key, tuple[str, list[Event], float | None]] = {}
         self.admitted = refusals.Admitted(config.admitted_shape_seconds)
 
     def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell | Dispatch) -> Plan | None:
@@ -83,9 +87,10 @@ class Executor:
         plan, trial_refusal = self._try(job, plan, seen.now)
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
-            posted = self._post(job, plan.events, posted)
             job, stored = self._write_status(key, job, stored, plan.status, plan)
+            posted = self._hold_events(key, job, plan.events)
         self._delete(key, plan)
+        self._post_held(key, job)
         creation = self._create(key, plan)
         self._delete_unused_groups(key, plan.delete_objects)
         self._write_workloads(key, plan.workload_writes)
@@ -118,7 +123,7 @@ class Executor:
         self.progress.forget(key)
         with self.lock:
             self.sigterm.pop(key, None)
-            self.unreported.pop(key, None)
+            self.held_events.pop(key, None)
         self._release(key, plan.release)
         self._write_workloads(key, plan.writes)
 
@@ -192,26 +197,33 @@ class Executor:
             return False
         due = now + self.config.first_status_within
         metrics.FIRST_STATUSES_HELD.inc()
-        with self.lock:
-            self.unreported[key] = (job["metadata"]["uid"], final.events[posted:], due)
+        self._hold_events(key, job, final.events[posted:], due)
         self.queue.add(key, REPORT)
         self.queue.at(due, key, NORMAL)
         return True
 
-    def _post_held(self, key: Key, job: dict[str, Any]) -> None:
-        """Post the events `_report_later` held for this job (not a successor's of its name), before anything this
-        reconcile does; let go of them once posted: a post that fails fails the reconcile, whose retry posts them.
-        Its latest report is not due any more: this reconcile reports (and sets again the wakeups its plan needs)."""
+    def _hold_events(self, key: Key, job: dict[str, Any], events: list[Event], due: float | None = None) -> int:
+        """Keep these events of the job to post later (`_post_held`): those of a first status held until `due`,
+        those of a restart's decision until its deletes are made. Returns how many."""
         with self.lock:
-            held = self.unreported.get(key)
+            self.held_events[key] = (job["metadata"]["uid"], events, due)
+        return len(events)
+
+    def _post_held(self, key: Key, job: dict[str, Any]) -> None:
+        """Post the events held for this job (not a successor's of its name); let go of them once posted: a post
+        that fails fails the reconcile, whose retry posts them before anything else. A held first status's latest
+        report is not due any more: this reconcile reports (and sets again the wakeups its plan needs)."""
+        with self.lock:
+            held = self.held_events.get(key)
         if held is None:
             return
         uid, events, due = held
         if uid == job["metadata"]["uid"]:
             self._post(job, events, 0)
         with self.lock:
-            self.unreported.pop(key, None)
-        self.queue.cancel_at(key, NORMAL, due)
+            self.held_events.pop(key, None)
+        if due is not None:
+            self.queue.cancel_at(key, NORMAL, due)
 
     def _try(self, job: dict[str, Any], plan: Plan, now: float) -> tuple[Plan, refusals.Refusal | None]:
         """The plan's trial (core.refusals): dry runs of what was not admitted lately, or a lone Service created
