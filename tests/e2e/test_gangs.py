@@ -566,7 +566,8 @@ def test_a_gang_that_cannot_fit_says_why_and_honours_its_schedule_timeout(instal
     since = status["gang"]["waitingSince"]
     failed_at = condition(status)["lastTransitionTime"]
     assert _seconds(failed_at) - _seconds(since) >= TIMEOUT, (since, failed_at)
-    assert "GangScheduleTimeout" in gang_events(installed, space, "fails")
+    # A failure's event goes out after its deletes, a moment after the status says it.
+    wait_for(lambda: "GangScheduleTimeout" in gang_events(installed, space, "fails"), 15, "its GangScheduleTimeout")
     status = reason_is(installed, space, "waits", "Pending", "GangScheduleTimeout", 30)
     print(f"{scheduler}: waits Pending: {condition(status)['message']}")
     says_why_once(condition(status)["message"], words)

@@ -314,8 +314,8 @@ class Cluster:
         _ = self.core.delete_namespaced_pod(meta["name"], meta["namespace"], _preload_content=False).data
 
     def wait_event(self, namespace: str, name: str, reason: str, type_: str = "Warning") -> dict:
-        """The job's event of that reason and type (posted before the status write that records the decision; a
-        wait, for events of writes no status shows)."""
+        """The job's event of that reason and type (a wait: a restart's or a failure's event goes out after its
+        deletes, and some events go with writes no status shows)."""
 
         def find():
             return next((e for e in self.events(namespace, name) if e["reason"] == reason and e["type"] == type_), None)

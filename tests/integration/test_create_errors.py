@@ -156,24 +156,39 @@ def test_recreated_job_waits_for_the_previous_jobs_service(cluster, namespace):
     assert status["restarts"]["total"] == 0
 
 
-def test_events_are_posted_before_the_status_records_the_decision(cluster, namespace):
-    """Whoever sees a decision in the status finds its Event already there: the operator posts first, so a crash
-    between the two writes can repeat an event but never lose one. (Posted after, this fails only when the read
-    falls between the two writes: a check of the order, not a proof of it; the unit test checks the calls.)"""
+def test_events_are_posted_before_the_status_says_what_they_say_but_a_restarts_after_its_deletes(cluster, namespace):
+    """Whoever sees a job Running in its status finds its AllPodsRunning event already there: the operator posts
+    first, so a crash between the two writes can repeat an event but never lose one. (Posted after, this fails only
+    when the read falls between the two writes: a check of the order, not a proof of it; the unit tests check the
+    calls.) A restart is stored before its pods are touched and its event goes out after its deletes: the status
+    shows it first, then the old pods marked for deletion, then the event, once."""
     cluster.create_job(namespace, "order", mwms_spec())
     cluster.run_all(namespace, "order", 3)
-    cluster.wait_phase(namespace, "order", "Running")
+
+    def running():
+        status = cluster.status(namespace, "order")
+        return (status, cluster.events(namespace, "order")) if status.get("phase") == "Running" else None
+
+    _, events = wait_for(running, 30, "the job Running in its status", interval=0.005)
+    assert "AllPodsRunning" in [e["reason"] for e in events]
+    old = {p["metadata"]["uid"] for p in cluster.pods(namespace, "order").values()}
     cluster.exit(cluster.pods(namespace, "order")["order-worker-1"], 1)
 
     def restarting():
         status = cluster.status(namespace, "order")
-        if status.get("phase") != "Restarting":
-            return None
-        return status, cluster.events(namespace, "order")  # read right after the status shows the decision
+        return status if status.get("phase") == "Restarting" else None
 
-    status, events = wait_for(restarting, 15, "the restart in the status", interval=0.005)
+    status = wait_for(restarting, 15, "the restart in the status", interval=0.005)
     assert status["reason"] == "Failed"
-    assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Failed"]
+
+    def warned():
+        warnings = [e["reason"] for e in cluster.events(namespace, "order") if e["type"] == "Warning"]
+        return warnings or None
+
+    assert wait_for(warned, 15, "the restart's event") == ["Failed"]
+    pods = cluster.core.list_namespaced_pod(namespace, label_selector=f"{api.LABEL_JOB}=order").items
+    still = [p for p in pods if p.metadata.uid in old]
+    assert all(p.metadata.deletion_timestamp for p in still), [p.metadata.name for p in still]
 
 
 def test_a_pod_webhook_that_cannot_be_called_is_named_at_once_and_the_job_goes_on_when_it_is_gone(cluster, namespace):
