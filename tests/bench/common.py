@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -43,6 +44,39 @@ def cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": fields[0] is the state (field 3)
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Every process on this machine: its name (comm) and CPU seconds so far (utime + stime, from /proc)."""
+    found: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        found[int(entry.name)] = (
+            stat[stat.index("(") + 1 : stat.rindex(")")],
+            (int(fields[11]) + int(fields[12])) / CLK_TCK,
+        )
+    return found
+
+
+def machine_cpu(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float, names: dict[int, str],
+    top: int = 8,
+) -> str:  # fmt: skip
+    """Who used this machine's CPU between two `cpu_by_process` reads `seconds` apart, in cores: the busiest
+    processes by name (`names` names some by pid: the operator, the benchmark, both "python"). A pid whose name
+    changed was reused: counted from 0, as one that started meanwhile. What ended meanwhile is not counted."""
+    used: Counter[str] = Counter()
+    for pid, (name, spent) in after.items():
+        earlier = before.get(pid)
+        used[names.get(pid, name)] += spent - (earlier[1] if earlier is not None and earlier[0] == name else 0.0)
+    busiest = ", ".join(f"{name} {spent / seconds:.2f}" for name, spent in used.most_common(top))
+    return f"{sum(used.values()) / seconds:.2f} of {os.cpu_count()} cores busy over {seconds:.0f}s: {busiest}"
 
 
 def settle(pid: int, quiet: float = 2.0, least: float = 3.0, most: float = 60.0, share: float = 0.02) -> float:

@@ -35,7 +35,8 @@ operator does the same work either way, gangs included (it makes the same PodGro
 API calls come from the operator's Prometheus counter `kubetf_api_requests_total{verb,resource}` on its
 --metrics-port ("n/a" when the operator has none), and how long the API server took to answer them, from the burst
 to the last replacement, from its histogram `kubetf_api_request_seconds`. CPU is utime+stime from /proc/<pid>/stat,
-RSS VmRSS (peak: VmHWM). The operator runs out of cluster as a subprocess (tests/integration/conftest.py Operator),
+RSS VmRSS (peak: VmHWM); during the burst, every process's on this machine (what the API server, etcd, kwok, the
+scheduler and the benchmark's own watch use beside the operator). The operator runs out of cluster as a subprocess (tests/integration/conftest.py Operator),
 alone: an installed one is scaled to zero meanwhile. The benchmark watches with raw JSON, not the client's models,
 which would cost the operator seconds of CPU on this 2-core machine at 10,000s of pods. Namespaces are deleted at
 the end.
@@ -70,7 +71,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubetf.core import api
-from tests.bench.operator_bench import percentile, rss_mib
+from tests.bench.common import cpu_by_process, cpu_seconds, machine_cpu, peak_rss_mib, percentile, rss_mib
 from tests.cluster import kwok
 from tests.cluster.fixture import ensure_cluster
 from tests.integration.conftest import (
@@ -118,18 +119,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 class Process:
@@ -740,7 +729,7 @@ def main() -> None:
         burst_thread = threading.Thread(
             target=lambda: (layout.create_jobs(cluster, burst), created.append(time.monotonic()))
         )
-        waits0, answers0 = process.queue_waits(), process.answer_times()
+        waits0, answers0, machine0 = process.queue_waits(), process.answer_times(), cpu_by_process()
         t0 = time.monotonic()
         burst_thread.start()
         for job in victims:
@@ -766,6 +755,7 @@ def main() -> None:
         done = state.wait(
             lambda: all(state.children_exist(n) for n in burst), args.timeout, f"{args.burst} burst jobs' pods"
         )
+        machine = machine_cpu(machine0, cpu_by_process(), done - t0, {process.pid: "operator", os.getpid(): "bench"})
         state.wait(lambda: not state.preempting, 300, "every preempted job's replacement pods")
         answers = answer_times(answers0, process.answer_times())
         out(
@@ -779,6 +769,7 @@ def main() -> None:
         out(f"    of which: {state.preemption_steps()}")
         out(f"    {state.preemption_shares()}")
         out(f"    the slowest: {state.slowest_preemption(t0)}")
+        out(f"  the machine's CPU until every burst pod existed: {machine}")
         out(f"  waits in the work queue for a worker: {queue_waits(waits0, process.queue_waits())}")
         out(f"  the API server's answers to the operator until the last replacement: {answers}")
         everyone = names + burst
