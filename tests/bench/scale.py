@@ -36,10 +36,10 @@ API calls come from the operator's Prometheus counter `kubetf_api_requests_total
 --metrics-port ("n/a" when the operator has none), and how long the API server took to answer them, from the burst
 to the last replacement, from its histogram `kubetf_api_request_seconds`. CPU is utime+stime from /proc/<pid>/stat,
 RSS VmRSS (peak: VmHWM); during the burst, every process's on this machine (what the API server, etcd, kwok, the
-scheduler and the benchmark's own watch use beside the operator). The operator runs out of cluster as a subprocess (tests/integration/conftest.py Operator),
-alone: an installed one is scaled to zero meanwhile. The benchmark watches with raw JSON, not the client's models,
-which would cost the operator seconds of CPU on this 2-core machine at 10,000s of pods. Namespaces are deleted at
-the end.
+scheduler and the benchmark's own watch use beside the operator). The operator runs out of cluster as a subprocess
+(tests/integration/conftest.py Operator), alone: an installed one is scaled to zero meanwhile. The benchmark watches
+with raw JSON, not the client's models, which would cost the operator seconds of CPU on this 2-core machine at
+10,000s of pods. Namespaces are deleted at the end.
 Uses $KUBECONFIG, else brings the local cluster up (tests/cluster).
 """
 
