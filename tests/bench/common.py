@@ -41,7 +41,10 @@ def peak_rss_mib(pid: int) -> float:
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of the process (all its threads), from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    return _cpu_of(Path(f"/proc/{pid}/stat").read_text())
+
+
+def _cpu_of(stat: str) -> float:
     fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": fields[0] is the state (field 3)
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
@@ -56,11 +59,7 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
             stat = (entry / "stat").read_text()
         except OSError:  # ended meanwhile
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        found[int(entry.name)] = (
-            stat[stat.index("(") + 1 : stat.rindex(")")],
-            (int(fields[11]) + int(fields[12])) / CLK_TCK,
-        )
+        found[int(entry.name)] = (stat[stat.index("(") + 1 : stat.rindex(")")], _cpu_of(stat))
     return found
 
 
