@@ -88,6 +88,7 @@ class Executor:
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
             job, stored = self._write_status(key, job, stored, plan.status, plan)
+            # Held, then posted after the deletes below: counted as posted, so the final post leaves them out.
             posted = self._hold_events(key, job, plan.events)
         self._delete(key, plan)
         self._post_held(key, job)
