@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from kubetf.core import kueue
+from kubetf.core.scheduling import workload as kueue
 from tests.bench.common import percentile
 from tests.cluster.fixture import ensure_cluster, wait_for
 from tests.cluster.queues import Queue, make_flavor, priority_classes

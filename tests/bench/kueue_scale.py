@@ -40,8 +40,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from kubetf.core import api, kueue
+from kubetf.core import api
 from kubetf.core import status as st
+from kubetf.core.scheduling import workload as kueue
 from tests.bench.scale import (
     PODS_PER_FAKE_NODE,
     Process,

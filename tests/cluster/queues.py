@@ -8,7 +8,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from kubetf.core import kueue
+from kubetf.core.scheduling import workload as kueue
 from tests.cluster.fixture import wait_for
 
 GROUP, VERSION = kueue.GROUP, kueue.VERSION

@@ -25,8 +25,9 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from kubetf.core import api, gang
+from kubetf.core import api
 from kubetf.core import status as st
+from kubetf.core.scheduling import gangs, native, volcano
 from tests.cluster import kwok
 from tests.cluster.fixture import KubeCluster, wait_for
 from tests.e2e.conftest import ROOT
@@ -34,12 +35,12 @@ from tests.integration.conftest import Cluster
 
 SCHEDULERS = [
     pytest.param(
-        gang.KUBERNETES,
+        native.NAME,
         marks=pytest.mark.k8s_min("1.37", reason="Kubernetes' own gang scheduling, scheduling.k8s.io/v1beta1"),
     ),
-    gang.VOLCANO,
+    volcano.NAME,
 ]
-SHORT = {gang.KUBERNETES: "k8s", gang.VOLCANO: "volcano"}
+SHORT = {native.NAME: "k8s", volcano.NAME: "volcano"}
 IMAGE = "kubetf/python-base:bookworm"  # never pulled: kwok runs no containers
 ROUNDS = 10
 TIMEOUT = 20  # scheduleTimeoutSeconds of the gangs that cannot fit: the test runs past it
@@ -50,7 +51,7 @@ TIMEOUT = 20  # scheduleTimeoutSeconds of the gangs that cannot fit: the test ru
 
 @pytest.fixture(params=SCHEDULERS)
 def scheduler(request) -> str:
-    if request.param == gang.VOLCANO:
+    if request.param == volcano.NAME:
         request.getfixturevalue("volcano")  # installed once per run when missing; the operator sees it
     return request.param
 
@@ -139,8 +140,8 @@ def reason_is(cluster: Cluster, namespace: str, name: str, phase: str, reason: s
 
 def pod_groups(cluster: Cluster, namespace: str, scheduler: str) -> dict[str, dict]:
     group, version = (
-        (gang.NATIVE_GROUP, gang.NATIVE_VERSION) if scheduler == gang.KUBERNETES
-        else (gang.VOLCANO_GROUP, gang.VOLCANO_VERSION)
+        (native.GROUP, native.VERSION) if scheduler == native.NAME
+        else (volcano.GROUP, volcano.VERSION)
     )  # fmt: skip
     items = cluster.custom.list_namespaced_custom_object(group, version, namespace, "podgroups")["items"]
     return {g["metadata"]["name"]: g for g in items}
@@ -275,7 +276,7 @@ class Timeline(Recorder):
         return PodEvent(
             seq, time.monotonic(), type_, meta["name"], meta["uid"], labels.get(api.LABEL_JOB, ""),
             int(labels.get(api.LABEL_ATTEMPT, 0)), spec.get("nodeName"), (pod.get("status") or {}).get("phase"),
-            gpus, gang.pod_group(pod),
+            gpus, gangs.pod_group_of(pod),
         )  # fmt: skip
 
 
@@ -447,13 +448,13 @@ def test_a_multi_worker_mirrored_group_restart_is_a_new_gang_placed_whole(instal
     timeline = Timeline(installed, space)
     create(installed, space, "mwms", mwms(node, scheduler))
     pods = live(installed, space, "mwms", need, attempt=0)
-    assert {gang.pod_group(p) for p in pods.values()} == {"mwms-gang-0"}
+    assert {gangs.pod_group_of(p) for p in pods.values()} == {"mwms-gang-0"}
 
     failed = time.monotonic()
     annotate_exit(installed, pods["mwms-worker-1"], 1)
     pods = live(installed, space, "mwms", need, attempt=1)
     placed = time.monotonic()
-    assert {gang.pod_group(p) for p in pods.values()} == {"mwms-gang-1"}
+    assert {gangs.pod_group_of(p) for p in pods.values()} == {"mwms-gang-1"}
     status = installed.wait_phase(space, "mwms", "Running", timeout=30)
     assert status["restarts"]["failures"] == 1
     assert status["gang"]["podGroup"] == "mwms-gang-1" and status["gang"].get("placedAt")
@@ -462,7 +463,7 @@ def test_a_multi_worker_mirrored_group_restart_is_a_new_gang_placed_whole(instal
         30, "the old generation's PodGroup mwms-gang-0 deleted",
     )  # fmt: skip
     assert set(groups) == {"mwms-gang-1"}
-    if scheduler == gang.KUBERNETES:  # placed as a gang of 3, and the scheduler says so on the new PodGroup
+    if scheduler == native.NAME:  # placed as a gang of 3, and the scheduler says so on the new PodGroup
         assert groups["mwms-gang-1"]["spec"]["schedulingPolicy"]["gang"]["minCount"] == need
         scheduled = "PodGroupInitiallyScheduled"
     else:
@@ -496,7 +497,7 @@ def test_a_parameter_server_workers_replacement_joins_the_running_gang(installed
     timeline = Timeline(installed, space)
     create(installed, space, "ps", parameter_server(node, scheduler))
     pods = live(installed, space, "ps", 4, attempt=0)
-    assert {gang.pod_group(p) for p in pods.values()} == {"ps-gang-0"}
+    assert {gangs.pod_group_of(p) for p in pods.values()} == {"ps-gang-0"}
     others = {n: p["metadata"]["uid"] for n, p in pods.items() if n != "ps-worker-1"}
 
     said = Conditions(installed, space)  # what the job says from the failure on
@@ -508,7 +509,7 @@ def test_a_parameter_server_workers_replacement_joins_the_running_gang(installed
         "the replacement of ps-worker-1 Running", timeout=120,
     )  # fmt: skip
     replacement = pods["ps-worker-1"]
-    assert gang.pod_group(replacement) == "ps-gang-0"
+    assert gangs.pod_group_of(replacement) == "ps-gang-0"
     assert {n: p["metadata"]["uid"] for n, p in pods.items() if n != "ps-worker-1"} == others  # untouched
     status = installed.wait_phase(space, "ps", "Running", timeout=30)
     assert status["restarts"]["failures"] == 1
@@ -548,7 +549,7 @@ def test_a_gang_that_cannot_fit_says_why_and_honours_its_schedule_timeout(instal
 
     # what the scheduler says, in the job's condition: a user reads why without looking at pods or PodGroups. The pod
     # that finds no room says so (both schedulers); Kubernetes' PodGroup adds its quorum, Volcano's its gang's count
-    words = ["Insufficient nvidia.com/gpu", "minCount (5) cannot be satisfied" if scheduler == gang.KUBERNETES
+    words = ["Insufficient nvidia.com/gpu", "minCount (5) cannot be satisfied" if scheduler == native.NAME
              else "1/5 tasks in gang unschedulable"]  # fmt: skip
     for name in ("fails", "waits"):
         message = wait_for(
@@ -660,11 +661,11 @@ def test_a_converted_tfjob_with_a_volcano_scheduling_policy_runs_gang_scheduled(
     print(f"kubetf convert said:\n{converted.stderr}")
     assert converted.returncode == 0, converted.stderr
     job = next(d for d in yaml.safe_load_all(converted.stdout) if d)
-    assert job["spec"]["runPolicy"]["schedulingPolicy"]["gangScheduler"] == gang.VOLCANO
+    assert job["spec"]["runPolicy"]["schedulingPolicy"]["gangScheduler"] == volcano.NAME
 
     timeline = Timeline(installed, space)
     KubeCluster(installed.kubeconfig, local=False).kubectl("apply", "-n", space, "-f", "-", input=converted.stdout)
-    groups = wait_for(lambda: pod_groups(installed, space, gang.VOLCANO), 30, "the job's Volcano PodGroup")
+    groups = wait_for(lambda: pod_groups(installed, space, volcano.NAME), 30, "the job's Volcano PodGroup")
     spec = groups["mnist-volcano-gang-0"]["spec"]
     assert spec["minMember"] == need and spec["queue"] == "default"
     assert spec["minResources"] == {api.GPU_RESOURCE: str(need)}

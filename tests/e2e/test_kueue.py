@@ -12,8 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from kubernetes import client, config
 
-from kubetf.core import api, kueue
+from kubetf.core import api
 from kubetf.core import status as st
+from kubetf.core.scheduling import workload as kueue
 from tests.cluster import kwok
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, is_admitted, make_flavor, priority_classes

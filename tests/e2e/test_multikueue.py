@@ -15,7 +15,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf.core import api, kueue
+from kubetf.core import api, types
+from kubetf.core.scheduling import multikueue
+from kubetf.core.scheduling import workload as kueue
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import is_admitted
 from tests.integration.conftest import Cluster, Operator
@@ -137,7 +139,7 @@ def mnist(name: str) -> dict:
     """The MNIST sample (2 workers), for MultiKueue: a few epochs, its pods asking for 1 cpu each of the quota."""
     job = sample("mnist-mwms")
     job["metadata"] = {"name": name, "labels": {kueue.QUEUE_LABEL: QUEUE}}
-    job["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
+    job["spec"]["managedBy"] = multikueue.MANAGED_BY
     worker = job["spec"]["replicaSpecs"]["worker"]
     args = worker["template"]["spec"]["containers"][0]["args"]
     args[args.index("--epochs") + 1] = "4"
@@ -166,7 +168,7 @@ def test_a_job_submitted_to_the_manager_runs_on_the_worker_with_quota_and_mirror
 
     def adopted_by_the_copy() -> bool:  # the operator adopts the Workload in the round after it creates the pods
         workload = worker1.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", workload_name)
-        return (kueue.controller_of(workload) or {}).get("uid") == copy["metadata"]["uid"]
+        return (types.controller_of(workload) or {}).get("uid") == copy["metadata"]["uid"]
 
     wait_for(adopted_by_the_copy, 10, "worker1's Workload adopted by the job's copy there", interval=0.5)
 
@@ -215,7 +217,7 @@ def test_a_job_deleted_on_the_manager_while_it_runs_stops_on_the_worker(planes, 
     template = {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container]}}
     spec = {
         "strategy": "MultiWorkerMirrored",
-        "managedBy": kueue.MANAGED_BY_MULTIKUEUE,
+        "managedBy": multikueue.MANAGED_BY,
         "replicaSpecs": {"worker": {"replicas": 2, "template": template}},
     }
     created = manager.create_job(namespace, "mk-sleep", spec, labels={kueue.QUEUE_LABEL: QUEUE})

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubetf.core import kueue
+from kubetf.core.scheduling import workload as kueue
 from tests.cluster.fixture import wait_for
 
 from .conftest import ApiPath, Operator, mwms_spec, ps_spec, restart_apiserver

@@ -10,7 +10,9 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetf.core import api, kueue
+from kubetf.core import api
+from kubetf.core.scheduling import multikueue
+from kubetf.core.scheduling import workload as kueue
 from tests.cluster.fixture import wait_for
 from tests.cluster.queues import Queue, admitted, finish_jobs, is_admitted, make_flavor, priority_classes
 
@@ -247,7 +249,7 @@ def test_bad_queue_labels_and_managed_by_are_refused_at_apply_time(cluster, name
 def test_a_job_multikueue_dispatches_has_its_workload_here_and_no_pod(cluster, namespace, queue):
     """This cluster has no MultiKueue admission check: Kueue admits the Workload here, but the job runs elsewhere
     (its status is Kueue's copy of a worker's): the operator makes the Workload and nothing else."""
-    spec = {**two_workers(), "managedBy": kueue.MANAGED_BY_MULTIKUEUE}
+    spec = {**two_workers(), "managedBy": multikueue.MANAGED_BY}
     remote = cluster.create_job(namespace, "remote", spec, **labelled(queue))
     cluster.create_job(namespace, "local", mwms_spec())
     cluster.wait_phase(namespace, "local", "Pending")  # the operator is at work

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from kubetf.cluster.kube_api import Conflict, Creation, Deletion, KubeApi, LogUnreadable, NotServed, Refused
-from kubetf.core import api, kueue, refusals
+from kubetf.core import api, refusals, scheduling
 from kubetf.core import status as st
-from kubetf.core.refusals import Refusal
+from kubetf.core.scheduling import workload as kueue
+from kubetf.core.types import Refusal, Resource, Write
 
 Obj = dict[str, Any]
 
@@ -70,12 +71,16 @@ class FakeApi:
         handlers = {
             "jobs": controller.job_event,
             "pods": controller.pod_event,
-            "workloads": controller.workload_event,
             "localqueues": controller.local_queue_event,
-            "podgroups": controller.pod_group_event,
         }
         for resource, type_, obj in events:
-            handlers[resource](type_, obj)
+            if resource in handlers:
+                handlers[resource](type_, obj)
+            elif resource == "workloads":  # Kueue's, changed by the test playing Kueue or by the operator
+                controller.owned_event(type_, obj, kueue.WORKLOADS)
+            else:  # what a scheduler integration made: its kind's own watch
+                kind = next(r for r in scheduling.RESOURCES if r.holds(obj))
+                controller.owned_event(type_, obj, kind)
 
     def _kueue_changes(self) -> None:
         """A watch event for each of Kueue's objects that changed since the last delivery (the operator's Workloads
@@ -186,9 +191,13 @@ class FakeApi:
             self._emit("jobs", "DELETED", job)
         return job is not None
 
-    def get_workload(self, namespace: str, name: str) -> Obj | None:
-        self.calls.append("get Workload")
-        found = (self.kueue or {}).get("workloads", {}).get(name)
+    def get_owned(self, resource: Resource, namespace: str, name: str) -> Obj | None:
+        self.calls.append(f"get {resource.kind}")
+        if resource == kueue.WORKLOADS:
+            found = (self.kueue or {}).get("workloads", {}).get(name)
+        else:
+            found = self.others.get((resource.kind, name))
+            found = found if found is not None and resource.holds(found) else None
         return copy.deepcopy(found) if found is not None else None
 
     def get_cluster_object(self, kind: str, name: str) -> Obj | None:
@@ -196,21 +205,30 @@ class FakeApi:
         found = (self.kueue or {}).get("classes", {}).get((kind, name))
         return copy.deepcopy(found) if found is not None else None
 
-    def write_workload(self, write: kueue.WorkloadWrite, resource_version: str) -> Obj | None:
-        meta = write.workload["metadata"]
-        self.calls.append(f"write Workload {write.part}")
+    def write(self, write: Write, resource_version: str) -> Obj | None:
+        meta = write.obj["metadata"]
+        self.calls.append(f"write {write.obj['kind']} {write.verb}" if write.verb != "delete" else
+                          f"delete {write.obj['kind']} {meta['name']}")  # fmt: skip
+        if not kueue.WORKLOADS.holds(write.obj):
+            stored = self.others.get((write.obj["kind"], meta["name"]))
+            if stored is None or stored["metadata"].get("uid") != meta.get("uid"):
+                return None
+            assert write.verb == "delete", "the operator only deletes its gang's objects"
+            del self.others[(write.obj["kind"], meta["name"])]
+            self._emit("owned", "DELETED", stored)
+            return None
         stored = (self.kueue or {}).get("workloads", {}).get(meta["name"])
         if stored is None or stored["metadata"]["uid"] != meta["uid"]:
             return None
         if stored["metadata"]["resourceVersion"] != resource_version:
             raise Conflict(f"Workload {meta['name']} changed since version {resource_version}")
-        if write.part == "unfinalize":
+        if write.verb == "unfinalize":
             stored["metadata"]["finalizers"] = [f for f in stored["metadata"].get("finalizers") or []
-                                                if f != kueue.FINALIZER]  # fmt: skip
+                                                if f != write.finalizer]  # fmt: skip
         else:
             patch = copy.deepcopy(write.patch)
             patch.get("metadata", {}).pop("resourceVersion", None)
-            if write.part == "status":
+            if write.verb == "status":
                 stored["status"] = _apply(stored.get("status") or {}, patch["status"])
             else:
                 for part in ("metadata", "spec"):
@@ -220,17 +238,6 @@ class FakeApi:
         self.kueue_wrote(stored)
         written["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"]
         return written
-
-    def delete_object(self, obj: Obj) -> bool:
-        name = obj["metadata"]["name"]
-        self.calls.append(f"delete {obj['kind']} {name}")
-        stored = self.others.get((obj["kind"], name))
-        if stored is None or stored["metadata"].get("uid") != obj["metadata"].get("uid"):
-            return False
-        del self.others[(obj["kind"], name)]
-        if obj["kind"] == "PodGroup":
-            self._emit("podgroups", "DELETED", stored)
-        return True
 
     def served_resources(self, group_version: str) -> set[str] | None:
         self.calls.append(f"discover {group_version}")
@@ -244,10 +251,18 @@ class FakeApi:
             raise turn
         yield from turn
 
-    def pod_group_pages(self, namespace: str, api_version: str) -> Iterator[tuple[list[Obj], int]]:
-        self.calls.append(f"list podgroups {api_version}")
-        groups = [copy.deepcopy(o) for (kind, _), o in self.others.items() if kind == "PodGroup"]
-        yield [g for g in groups if g["apiVersion"] == api_version], next(self.version)
+    def owned_pages(self, namespace: str, resource: Resource) -> Iterator[tuple[list[Obj], int]]:
+        self.calls.append(f"list {resource.plural} {resource.api_version}")
+        if resource == kueue.WORKLOADS:
+            if self.kueue is not None:
+                ours = [
+                    copy.deepcopy(w) for w in self.kueue["workloads"].values()
+                    if w["metadata"].get("labels", {}).get(api.LABEL_MANAGED_BY) == api.MANAGER
+                ]  # fmt: skip
+                yield ours, next(self.version)
+            return
+        if resource.api_version in self.served:
+            yield [copy.deepcopy(o) for o in self.others.values() if resource.holds(o)], next(self.version)
 
     def list_pods(self, namespace: str, job_name: str) -> tuple[list[dict], int]:
         self.calls.append("list pods")
@@ -267,15 +282,6 @@ class FakeApi:
         self.calls.append(f"list {resource}")
         source = self.pods.values() if resource == "pods" else self.jobs.values()
         yield [copy.deepcopy(o) for o in source], next(self.version)
-
-    def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
-        self.calls.append("list workloads")
-        if self.kueue is not None:
-            ours = [
-                copy.deepcopy(w) for w in self.kueue["workloads"].values()
-                if w["metadata"].get("labels", {}).get(api.LABEL_MANAGED_BY) == api.MANAGER
-            ]  # fmt: skip
-            yield ours, next(self.version)
 
     def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
         self.calls.append("list localqueues")
@@ -335,7 +341,7 @@ class FakeApi:
         for i, obj in enumerate(objects):
             name = obj["metadata"]["name"]
             self.calls.append(f"create {obj['kind']}")
-            if obj["kind"] == "Workload" and obj["apiVersion"].startswith(f"{kueue.GROUP}/"):
+            if kueue.WORKLOADS.holds(obj):
                 assert self.kueue is not None, "no Kueue API: the create would fail"
                 if name not in self.kueue["workloads"]:
                     stored = copy.deepcopy(obj)
@@ -354,8 +360,8 @@ class FakeApi:
                     self._bump(stored)
                     self.others[(obj["kind"], name)] = stored
                     result.created.append(copy.deepcopy(stored))
-                    if obj["kind"] == "PodGroup":  # the operator watches its PodGroups
-                        self._emit("podgroups", "ADDED", stored)
+                    if any(r.holds(obj) for r in scheduling.RESOURCES):  # the operator watches them
+                        self._emit("owned", "ADDED", stored)
                 continue
             role = obj["metadata"]["labels"][api.LABEL_ROLE]
             error = self.refuse.get(name)

@@ -5,8 +5,10 @@ import json
 import pytest
 
 from kubetf.cluster.cache import Store, slim_pod
-from kubetf.core import gang, policy
+from kubetf.core import policy
 from kubetf.core import status as st
+from kubetf.core.scheduling import gangs
+from kubetf.core.scheduling.volcano import GROUP_ANNOTATION
 
 pytestmark = pytest.mark.unit
 
@@ -55,11 +57,11 @@ def test_slim_pods_keep_what_the_decisions_read_and_little_else():
 def test_slim_pods_keep_their_gangs_podgroup_in_either_scheduler():
     native, volcano, plain = pod(), pod(), pod()
     native["spec"]["schedulingGroup"] = {"podGroupName": "mnist-gang-0"}
-    volcano["metadata"]["annotations"] = {gang.VOLCANO_GROUP_ANNOTATION: "mnist-gang-1", "other": "x" * 100}
-    assert gang.pod_group(slim_pod(native)) == "mnist-gang-0"
-    assert gang.pod_group(slim_pod(volcano)) == "mnist-gang-1"
-    assert slim_pod(volcano)["metadata"]["annotations"] == {gang.VOLCANO_GROUP_ANNOTATION: "mnist-gang-1"}
-    assert gang.pod_group(slim_pod(plain)) is None and "annotations" not in slim_pod(plain)["metadata"]
+    volcano["metadata"]["annotations"] = {GROUP_ANNOTATION: "mnist-gang-1", "other": "x" * 100}
+    assert gangs.pod_group_of(slim_pod(native)) == "mnist-gang-0"
+    assert gangs.pod_group_of(slim_pod(volcano)) == "mnist-gang-1"
+    assert slim_pod(volcano)["metadata"]["annotations"] == {GROUP_ANNOTATION: "mnist-gang-1"}
+    assert gangs.pod_group_of(slim_pod(plain)) is None and "annotations" not in slim_pod(plain)["metadata"]
 
 
 def test_an_older_version_never_replaces_a_newer_one():

@@ -9,8 +9,10 @@ import pytest
 from kubernetes import client
 
 from kubetf.cluster.kube import Kube, NotLeader
-from kubetf.core import kueue, reconcile
+from kubetf.core import reconcile
 from kubetf.core.config import DEFAULTS, OperatorConfig
+from kubetf.core.scheduling import workload as kueue
+from kubetf.core.types import Write
 from kubetf.runtime.controller import FOLLOW, NORMAL, REPORT, URGENT, Controller
 from tests.cluster.fixture import wait_for
 
@@ -468,9 +470,10 @@ def test_a_write_whose_rate_limiter_wait_outlasts_the_lease_is_not_sent():
 
 def test_every_write_is_guarded_workload_writes_and_events_too():
     kube = Kube(qps=100, burst=100, may_write=lambda: False)
-    workload = {"metadata": {"name": "trainingjob-mnist-12345", "namespace": "team-a", "uid": "u"}}
+    workload = {"apiVersion": kueue.WORKLOADS.api_version, "kind": "Workload",
+                "metadata": {"name": "trainingjob-mnist-12345", "namespace": "team-a", "uid": "u"}}  # fmt: skip
     with pytest.raises(NotLeader):
-        kube.write_workload(kueue.WorkloadWrite(workload, "status", {"status": {"conditions": []}}), "1")
+        kube.write(Write(workload, "status", {"status": {"conditions": []}}), "1")
     with pytest.raises(NotLeader):
         kube.event({"metadata": {"name": "mnist", "namespace": "team-a"}}, "Normal", "Test", "test")
 

@@ -230,10 +230,10 @@ class Scope:
     """What a name can hold: module-level constants, and a function's local assignments (`x = ...`,
     `a, b = ...`), each as the expressions assigned to it."""
 
-    def __init__(self, body: list[ast.stmt], parent: Scope | None = None) -> None:
+    def __init__(self, body: list[ast.stmt], parent: Scope | None = None, function: bool = False) -> None:
         self.parent = parent
         self.values: dict[str, list[ast.expr]] = {}
-        statements = body if parent is None else [n for s in body for n in ast.walk(s)]
+        statements = [n for s in body for n in ast.walk(s)] if function else body
         for node in statements:
             if isinstance(node, ast.Assign):
                 for target in node.targets:
@@ -313,7 +313,7 @@ def argument(call: ast.Call, position: int, keyword: str) -> ast.expr | None:
 
 # Where the operator writes a reason: (the function called, the reason's position among its arguments).
 REASON_ARGUMENTS = {"transition": 1, "fail": 0, "set_phase": 2, "set_condition": 2, "Event": 1, "event": 2,
-                    "update": 99, "_Waiting": 0}  # fmt: skip
+                    "update": 99, "Waiting": 0, "Gate": 0}  # fmt: skip
 # Functions whose appended (reason, message) tuples become a condition (kubetf.core.progress.health).
 APPENDING_FUNCTIONS = {"health"}
 # Functions whose returned (reason, message) tuples become a condition.
@@ -372,14 +372,15 @@ def is_reason_lookup(node: ast.expr) -> bool:
 
 def written_reasons(source: str) -> Written:
     tree = ast.parse(source)
-    module = Scope(tree.body)
+    # The values every layer shares (kubetf.core.types: a refusal's cause) are constants of every module.
+    module = Scope(tree.body, Scope(ast.parse((PACKAGE / "core" / "types.py").read_text()).body))
     written = Written()
     scopes: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef | None, Scope, Iterator[ast.AST]]] = [
         (None, module, shallow_walk(tree.body))
     ]
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            scopes.append((node, Scope(node.body, module), shallow_walk(node.body)))
+            scopes.append((node, Scope(node.body, module, function=True), shallow_walk(node.body)))
     for function, scope, nodes in scopes:
         for node in nodes:
             if isinstance(node, ast.Call):

@@ -4,16 +4,17 @@ waits, and its schedule timeout."""
 
 import pytest
 
-from kubetf.core import gang, kueue
 from kubetf.core import status as st
+from kubetf.core.scheduling import gangs, native, volcano
+from kubetf.core.scheduling import workload as kueue
 
 from .jobs import job, replica
 from .test_reconcile import Sim
 
 pytestmark = pytest.mark.unit
 
-NATIVE = f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}"
-VOLCANO = f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}"
+NATIVE = f"{native.GROUP}/{native.VERSION}"
+VOLCANO = f"{volcano.GROUP}/{volcano.VERSION}"
 
 
 def with_policy(document, **policy):
@@ -36,6 +37,11 @@ def cluster(document, native=False, volcano=False):
     if volcano:
         sim.api.served[VOLCANO] = {"podgroups", "queues"}
     return sim
+
+
+def g(sim, generation):
+    """The name of the job's PodGroup of that generation (it carries the job's uid)."""
+    return gangs.group_name(sim.job, generation)
 
 
 def groups(sim):
@@ -61,7 +67,7 @@ def elsewhere(document):
 @pytest.mark.parametrize(
     "document,native,volcano,expected",
     [
-        (mwms(), True, True, gang.KUBERNETES),  # Auto: the cluster's own where it serves it
+        (mwms(), True, True, native.NAME),  # Auto: the cluster's own where it serves it
         (
             with_policy(
                 job(chief=replica(1)),
@@ -73,7 +79,7 @@ def elsewhere(document):
         (elsewhere(mwms()), True, False, "None"),  # another scheduler: the default one's gang plugin cannot place it
         (mwms(), False, False, "None"),  # nothing served: one by one, as before
         (mwms(gangScheduler="None"), True, False, "None"),
-        (mwms(gangScheduler="Volcano"), True, True, gang.VOLCANO),
+        (mwms(gangScheduler="Volcano"), True, True, volcano.NAME),
     ],
 )
 def test_the_gang_scheduler_a_job_gets_is_chosen_once(document, native, volcano, expected):
@@ -91,13 +97,13 @@ def test_auto_is_volcano_when_the_pods_name_it_and_kueue_when_the_job_is_queued(
         spec["template"]["spec"]["schedulerName"] = "volcano"
     sim = cluster(document, native=True, volcano=True)
     sim.step()
-    assert sim.status["gang"]["scheduler"] == gang.VOLCANO
+    assert sim.status["gang"]["scheduler"] == volcano.NAME
     queued = mwms()
     queued["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-a"}
     sim = cluster(queued, native=True)
     sim.api.kueue = {"queues": {"team-a": "gpus"}, "workloads": {}}
     sim.step()
-    assert sim.status["gang"]["scheduler"] == gang.KUEUE
+    assert sim.status["gang"]["scheduler"] == "Kueue"
     assert groups(sim) == {}  # Kueue admits the pods together: no PodGroup of ours
 
 
@@ -127,7 +133,7 @@ def test_a_scheduler_installed_just_after_the_last_discovery_is_read_again_befor
     created = sim.api.add_job(late)
     sim.key = (created["metadata"]["namespace"], "late")
     sim.step(advance=2)  # the operator read discovery 2 s ago, not discovery_seconds (30 s)
-    assert sim.status["gang"]["scheduler"] == gang.VOLCANO
+    assert sim.status["gang"]["scheduler"] == volcano.NAME
 
 
 def test_kubernetes_gang_its_workload_and_podgroup_come_first_and_the_evaluator_stays_out():
@@ -135,17 +141,17 @@ def test_kubernetes_gang_its_workload_and_podgroup_come_first_and_the_evaluator_
     plan = sim.step()
     first = plan.batches[0]
     assert [o["kind"] for o in first] == ["Workload", "PodGroup"]  # before any pod of the job
-    group = groups(sim)["mnist-gang-0"]
+    group = groups(sim)[g(sim, 0)]
     assert group["apiVersion"] == NATIVE
     assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}  # chief + 3 workers, not the evaluator
-    assert group["spec"]["workloadRef"] == {"workloadName": "mnist", "templateName": "training"}
+    assert group["spec"]["workloadRef"] == {"workloadName": native.workload_name(sim.job), "templateName": "training"}
     assert group["metadata"]["ownerReferences"][0]["uid"] == sim.job["metadata"]["uid"]
-    workload = sim.api.others[("Workload", "mnist")]
+    workload = sim.api.others[("Workload", native.workload_name(sim.job))]
     assert workload["spec"]["podGroupTemplates"] == [
         {"name": "training", "schedulingPolicy": {"gang": {"minCount": 4}}}
     ]
     for name in ("mnist-chief-0", "mnist-worker-0", "mnist-worker-2"):
-        assert sim.pods[name]["spec"]["schedulingGroup"] == {"podGroupName": "mnist-gang-0"}
+        assert sim.pods[name]["spec"]["schedulingGroup"] == {"podGroupName": g(sim, 0)}
     assert "schedulingGroup" not in sim.pods["mnist-evaluator-0"]["spec"]
 
 
@@ -159,7 +165,7 @@ def test_volcano_gang_podgroup_with_min_resources_queue_and_priority_and_the_eva
         }
     sim = cluster(document, volcano=True)
     sim.step()
-    group = groups(sim)["mnist-gang-0"]
+    group = groups(sim)[g(sim, 0)]
     assert group["apiVersion"] == VOLCANO
     assert group["spec"] == {
         "minMember": 3,
@@ -169,16 +175,16 @@ def test_volcano_gang_podgroup_with_min_resources_queue_and_priority_and_the_eva
     }
     chief = sim.pods["mnist-chief-0"]
     assert chief["spec"]["schedulerName"] == "volcano"
-    assert chief["metadata"]["annotations"][gang.VOLCANO_GROUP_ANNOTATION] == "mnist-gang-0"
+    assert chief["metadata"]["annotations"][volcano.GROUP_ANNOTATION] == g(sim, 0)
     evaluator = sim.pods["mnist-evaluator-0"]
-    assert evaluator["metadata"]["annotations"][gang.VOLCANO_GROUP_ANNOTATION] == "mnist-evaluator"
-    assert groups(sim)["mnist-evaluator"]["spec"]["minMember"] == 1
+    assert evaluator["metadata"]["annotations"][volcano.GROUP_ANNOTATION] == volcano.evaluator_group(sim.job)
+    assert groups(sim)[volcano.evaluator_group(sim.job)]["spec"]["minMember"] == 1
 
 
 def test_a_waiting_gang_says_so_with_the_schedulers_words_and_its_startup_timeout_does_not_run():
     sim = cluster(mwms(), native=True)
     sim.step()
-    group = sim.api.others[("PodGroup", "mnist-gang-0")]
+    group = sim.api.others[("PodGroup", g(sim, 0))]
     message = "minCount (4) cannot be satisfied: 3 scheduled, 0 remaining"
     group["status"] = {
         "conditions": [{"type": "PodGroupInitiallyScheduled", "status": "False", "reason": "Unschedulable",
@@ -189,7 +195,7 @@ def test_a_waiting_gang_says_so_with_the_schedulers_words_and_its_startup_timeou
     sim.step()
     assert (sim.status["phase"], sim.status["reason"]) == ("Pending", "GangWaiting")
     condition = sim.condition()["message"]
-    assert "waiting for 4 training pods to be placed together by Kubernetes (PodGroup mnist-gang-0)" in condition
+    assert f"waiting for 4 training pods to be placed together by Kubernetes (PodGroup {g(sim, 0)})" in condition
     assert f"the scheduler: Unschedulable: {message}" in condition
     assert sim.status["gang"]["waitingSince"] == st.format_time(sim.now)
     place(sim, "mnist-evaluator-0")  # not in the gang: placed alone
@@ -226,24 +232,24 @@ VOLCANO_GROUP_SAYS = (
 )
 
 
-@pytest.mark.parametrize("scheduler", [gang.KUBERNETES, gang.VOLCANO])
+@pytest.mark.parametrize("scheduler", [native.NAME, volcano.NAME])
 def test_a_waiting_gang_says_which_pod_finds_no_room_once_not_which_would_fit(scheduler):
     sim = cluster(mwms(gangScheduler=scheduler), native=True, volcano=True)
     sim.step()
     for name in ("mnist-chief-0", "mnist-worker-0", "mnist-worker-1", "mnist-worker-2"):
         if name == "mnist-worker-2":
             unschedulable(sim, name, "Unschedulable", NO_ROOM)
-        elif scheduler == gang.KUBERNETES:
+        elif scheduler == native.NAME:
             unschedulable(sim, name, "Unschedulable", f"pod group is unschedulable, {NATIVE_GROUP_SAYS}")
         else:
             unschedulable(sim, name, "Schedulable", f"Pod ns/{name} can possibly be assigned to node-a, once "
                           "minAvailable is satisfied")  # fmt: skip
-    if scheduler == gang.KUBERNETES:
-        group_says(sim, "mnist-gang-0", {"type": "PodGroupInitiallyScheduled", "status": "False",
+    if scheduler == native.NAME:
+        group_says(sim, g(sim, 0), {"type": "PodGroupInitiallyScheduled", "status": "False",
                                          "reason": "Unschedulable", "message": NATIVE_GROUP_SAYS})  # fmt: skip
         said = f"the scheduler: Unschedulable: {NO_ROOM}; Unschedulable: {NATIVE_GROUP_SAYS}"
     else:
-        group_says(sim, "mnist-gang-0", {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources",
+        group_says(sim, g(sim, 0), {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources",
                                          "message": VOLCANO_GROUP_SAYS})  # fmt: skip
         said = f"the scheduler: NotEnoughResources: {VOLCANO_GROUP_SAYS}"  # the pod's words are in it already
     sim.step()
@@ -274,7 +280,7 @@ def test_volcanos_not_ready_without_a_pod_that_finds_no_room_waits_out_the_grace
     not_ready = "pod group is not ready, 4 Pending, 4 minAvailable; Pending: 4 Unschedulable"
     for name in ("mnist-chief-0", "mnist-worker-0", "mnist-worker-1", "mnist-worker-2"):
         unschedulable(sim, name, "Unschedulable", not_ready)
-    group_says(sim, "mnist-gang-0", {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources",
+    group_says(sim, g(sim, 0), {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources",
                                      "message": f"4/4 tasks in gang unschedulable: {not_ready}"})  # fmt: skip
     plan = sim.step()
     assert sim.status["reason"] == "PodsStarting" and plan.requeue_at == pytest.approx(sim.now + 30)
@@ -316,29 +322,29 @@ def test_a_group_restart_is_a_new_gang_and_the_old_podgroup_goes_once_its_pods_a
     sim.controller.reconcile(sim.key)  # the whole MWMS group restarts
     # Kubernetes' next PodGroup is made while the old pods go (Volcano's would hold quota beside theirs), and known
     # at once: a reconcile before its ADDED event does not make it again
-    cached = {g["metadata"]["name"] for g in sim.controller.store.pod_groups_of(sim.key)}
-    assert ("mnist-gang-1" in cached) is native
+    cached = {o["metadata"]["name"] for o in sim.controller.store.owned_of(sim.key)}
+    assert (g(sim, 1) in cached) is native
     sim.step()
-    assert "mnist-gang-0" in groups(sim)  # its pods are still terminating
-    assert ("mnist-gang-1" in groups(sim)) is native
+    assert g(sim, 0) in groups(sim)  # its pods are still terminating
+    assert (g(sim, 1) in groups(sim)) is native
     assert sim.api.calls.count("create PodGroup") == made + native
     sim.gone()
     plan = sim.step(advance=20)
     # once the old pods are gone, Kubernetes' replacements wait on nothing else: their batch comes first
     assert ("PodGroup" in {o["kind"] for o in plan.batches[0]}) is not native
-    assert "mnist-gang-0" not in groups(sim)  # once none of its pods is left, after the replacements were created
-    assert sim.api.calls.index("delete PodGroup mnist-gang-0") > max(
+    assert g(sim, 0) not in groups(sim)  # once none of its pods is left, after the replacements were created
+    assert sim.api.calls.index(f"delete PodGroup {g(sim, 0)}") > max(
         i for i, call in enumerate(sim.api.calls) if call == "create Pod"
     )
     sim.step()
-    assert sim.api.calls.count("delete PodGroup mnist-gang-0") == 1  # not again before its DELETED event
+    assert sim.api.calls.count(f"delete PodGroup {g(sim, 0)}") == 1  # not again before its DELETED event
     if not native:
         return
     new = {n: p for n, p in sim.pods.items() if p["metadata"]["labels"]["kubetf.io/attempt"] == "1"}
     assert {p["spec"]["schedulingGroup"]["podGroupName"] for n, p in new.items() if "evaluator" not in n} == {
-        "mnist-gang-1"
+        g(sim, 1)
     }
-    assert groups(sim)["mnist-gang-1"]["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}
+    assert groups(sim)[g(sim, 1)]["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}
 
 
 def test_a_lone_parameter_server_worker_replacement_joins_the_running_gang():
@@ -352,8 +358,8 @@ def test_a_lone_parameter_server_worker_replacement_joins_the_running_gang():
     sim.step(advance=20)
     replacement = sim.pods["mnist-worker-1"]
     assert replacement["metadata"]["labels"]["kubetf.io/attempt"] == "1"
-    assert replacement["spec"]["schedulingGroup"] == {"podGroupName": "mnist-gang-0"}  # its bound peers count
-    assert set(groups(sim)) == {"mnist-gang-0"}
+    assert replacement["spec"]["schedulingGroup"] == {"podGroupName": g(sim, 0)}  # its bound peers count
+    assert set(groups(sim)) == {g(sim, 0)}
 
 
 def test_a_job_started_before_gangs_were_placed_keeps_going_as_it_started():
@@ -379,7 +385,7 @@ def test_volcanos_stale_unschedulable_beside_a_newer_scheduled_says_nothing():
         "lastTransitionTime": "2026-11-25T10:00:00Z",
     }
     group = {"metadata": {"name": "g"}, "status": {"conditions": [unschedulable]}}
-    assert gang.scheduler_words([group], "g") == "NotEnoughResources: 1/2 tasks in gang unschedulable"
+    assert gangs.group_words(group) == "NotEnoughResources: 1/2 tasks in gang unschedulable"
     scheduled = {"type": "Scheduled", "status": "True", "lastTransitionTime": "2026-11-25T10:00:05Z"}
     group["status"]["conditions"].append(scheduled)
-    assert gang.scheduler_words([group], "g") is None
+    assert gangs.group_words(group) is None

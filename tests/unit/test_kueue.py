@@ -5,9 +5,10 @@ controller (admission, eviction) on the in-memory API; the real protocol runs in
 
 import pytest
 
-from kubetf.cluster.cache import slim_workload
-from kubetf.core import api, builders, kueue
+from kubetf.core import api, builders, types
 from kubetf.core import status as st
+from kubetf.core.scheduling import multikueue
+from kubetf.core.scheduling import workload as kueue
 
 from .jobs import job, replica
 from .test_reconcile import Sim, mwms_job, ps_job
@@ -49,9 +50,12 @@ def kueue_sets(sim, at=None, **changes):
     sim.api.kueue_wrote(workload)
 
 
-def admit(sim, at=None, flavor="default", **assignment):
-    """Kueue reserves quota (in `flavor` for every PodSet) and admits the Workload."""
+def admit(sim, at=None, flavor="default", cluster=None, **assignment):
+    """Kueue reserves quota (in `flavor` for every PodSet) and admits the Workload; `cluster`: MultiKueue's, on the
+    manager, dispatched it to that worker cluster."""
     workload = sim.api.workload()
+    if cluster is not None:
+        workload.setdefault("status", {})["clusterName"] = cluster
     workload.setdefault("status", {})["admission"] = {
         "clusterQueue": CLUSTER_QUEUE,
         "podSetAssignments": [
@@ -556,12 +560,12 @@ def test_pods_made_under_kueues_pod_integration_stop_once_and_the_job_queues_und
 
 def test_multikueues_job_on_the_manager_has_its_workload_and_no_pod_and_follows_the_copied_status():
     document = queued(mwms_job())
-    document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
+    document["spec"]["managedBy"] = multikueue.MANAGED_BY
     sim = kueue_sim(document)
     sim.api.deliver(sim.controller)
     assert sim.controller.reconcile(sim.key) is None
     assert len(sim.api.kueue["workloads"]) == 1 and sim.pods == {} and "status" not in sim.job
-    admit(sim)
+    admit(sim, cluster="worker1")
     sim.api.deliver(sim.controller)
     sim.controller.reconcile(sim.key)
     assert sim.pods == {} and "status" not in sim.job  # the worker runs it
@@ -585,11 +589,11 @@ def test_multikueues_job_on_the_manager_has_its_workload_and_no_pod_and_follows_
 
 def test_multikueues_evicted_job_gives_the_manager_quota_back_at_once():
     document = queued(mwms_job())
-    document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
+    document["spec"]["managedBy"] = multikueue.MANAGED_BY
     sim = kueue_sim(document)
     sim.api.deliver(sim.controller)
     sim.controller.reconcile(sim.key)
-    admit(sim)
+    admit(sim, cluster="worker1")
     sim.job["status"] = {"phase": "Running", "replicaStatuses": {"chief": {"active": 1}, "worker": {"active": 2}}}
     sim.api.update_job(sim.key)
     kueue_evicts(sim, "AdmissionCheck", "Admitting remote lost")  # the worker is gone: its copy says nothing more
@@ -618,7 +622,7 @@ def test_multikueues_copy_on_a_worker_adopts_the_prebuilt_workload_and_never_mak
     sim.api.kueue["workloads"]["trainingjob-mnist-abcde"] = prebuilt
     admit(sim)
     sim.step()
-    owner = kueue.controller_of(prebuilt)
+    owner = types.controller_of(prebuilt)
     assert owner["uid"] == sim.job["metadata"]["uid"] and owner["kind"] == "TrainingJob"
     assert len(sim.pods) == 3
     assert sim.pods["mnist-worker-0"]["metadata"]["labels"][kueue.WORKER_POD_LABEL] == "true"
@@ -645,7 +649,7 @@ def test_an_operator_restarted_among_queued_and_admitted_jobs_writes_nothing():
 
 def test_a_running_job_whose_workload_the_cache_lacks_asks_the_api_before_stopping_anything():
     sim = admitted_and_running(queued(mwms_job()))
-    sim.controller.store.workloads.clear()  # a watch that has not shown it (yet)
+    sim.controller.store.owned.clear()  # a watch that has not shown it (yet)
     sim.step()
     assert sim.status["phase"] == "Running" and sim.status["restarts"]["total"] == 0
     assert "get Workload" in sim.api.calls
@@ -656,7 +660,7 @@ def test_the_cache_keeps_what_the_decisions_read_of_a_workload():
     workload = sim.api.workload()
     workload["status"]["resourceRequests"] = [{"name": "worker", "resources": {"cpu": "2"}}]
     workload["metadata"]["managedFields"] = [{"manager": "kueue"}]
-    slim = slim_workload(workload)
+    slim = kueue.slim(workload)
     assert "resourceRequests" not in slim["status"] and "managedFields" not in slim["metadata"]
     assert slim["status"]["conditions"] == workload["status"]["conditions"]  # sent back whole by a status write
     assert [a["flavors"] for a in slim["status"]["admission"]["podSetAssignments"]] == [{"cpu": "default"}] * 2
@@ -683,7 +687,7 @@ def test_managed_by_takes_only_the_values_the_crd_allows():
     document = mwms_job()
     document["spec"]["managedBy"] = "someone/else"
     assert [p.path for p in api.validate(document)] == ["spec.managedBy"]
-    document["spec"]["managedBy"] = kueue.MANAGED_BY_MULTIKUEUE
+    document["spec"]["managedBy"] = multikueue.MANAGED_BY
     assert api.validate(document) == []
 
 

@@ -5,8 +5,8 @@ import pytest
 
 from kubetf.cluster.cache import Store
 from kubetf.cluster.kube import NotServed
-from kubetf.core import kueue
 from kubetf.core.config import OperatorConfig
+from kubetf.core.scheduling import workload as kueue
 from kubetf.runtime.positions import QueuePositions
 
 pytestmark = pytest.mark.unit

@@ -1,5 +1,5 @@
-"""What the watches delivered: every TrainingJob, the pods of each job, Kueue's LocalQueues and the jobs' Workloads,
-and the jobs' gang PodGroups, so reconciles read no API.
+"""What the watches delivered: every TrainingJob, the pods of each job, Kueue's LocalQueues, and the objects the
+scheduler integrations make for the jobs (kubetf.core.scheduling: PodGroups, Workloads), so reconciles read no API.
 
 Objects are kept slim (only the fields the decisions read) and as compact JSON: at 10,000 jobs and 50,000 pods
 parsed dicts would cost several hundred MiB, strings a fraction of that. A reconcile parses the few it needs.
@@ -15,8 +15,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from kubetf.core import api, gang, kueue, policy
+from kubetf.core import api, policy, scheduling
 from kubetf.core import status as st
+from kubetf.core.scheduling import volcano, workload
+from kubetf.core.types import Resource
 
 Key = tuple[str, str]  # (namespace, name)
 Obj = dict[str, Any]
@@ -64,8 +66,8 @@ def _rest(job: Mapping[str, Any]) -> Obj:
 
 
 def slim_pod(pod: Mapping[str, Any]) -> Obj:
-    """The fields status.py, policy.py, sigterm.py and gang.py read: identity, labels, the deletion, the containers'
-    names, the gang's PodGroup, the status."""
+    """The fields status.py, policy.py, sigterm.py and the gangs read: identity, labels, the deletion, the
+    containers' names, the gang's PodGroup, the status."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -78,14 +80,15 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     ]  # fmt: skip
     if controller:
         slim_meta["ownerReferences"] = controller[:1]  # whose it is: this job's, a previous one's, or another's
-    # Finalizers: Kueue's pod integration's (kubetf.core.kueue.legacy_held), and whether a forced deletion removes
+    # Finalizers: Kueue's pod integration's (kubetf.core.scheduling.kueue.legacy_held), and whether a forced deletion
+    # removes
     # the pod at once (executor).
     if meta.get("finalizers"):
         slim_meta["finalizers"] = list(meta["finalizers"])
-    # The gang's PodGroup the pod is in (gang.pod_group): an older generation's is deleted once no pod is in it.
-    group = (meta.get("annotations") or {}).get(gang.VOLCANO_GROUP_ANNOTATION)
+    # The gang's PodGroup the pod is in (gangs.pod_group_of): an older generation's goes once no pod is in it.
+    group = (meta.get("annotations") or {}).get(volcano.GROUP_ANNOTATION)
     if group:
-        slim_meta["annotations"] = {gang.VOLCANO_GROUP_ANNOTATION: group}
+        slim_meta["annotations"] = {volcano.GROUP_ANNOTATION: group}
     slim_spec: Obj = {"containers": [{"name": c.get("name")} for c in spec.get("containers") or []]}
     for name in ("nodeName", "schedulingGroup"):
         if spec.get(name):
@@ -102,66 +105,6 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
         kept = ("type", "status", "reason", "message", "lastTransitionTime")
         slim_status["conditions"] = [{k: c[k] for k in kept if k in c} for c in slim_status["conditions"] or []]
     return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
-
-
-def slim_workload(workload: Mapping[str, Any]) -> Obj:
-    """What kubetf.core.kueue reads of a Workload: identity, owners, labels and finalizers; its activation, queue
-    and PodSets (names, counts, topology requests); its conditions (all of them: a status write sends the whole
-    list back), admission (flavors, topology) and admission checks. Not its resourceVersion: the store keeps it
-    apart, so an update that changes nothing read compares equal."""
-    meta = workload.get("metadata") or {}
-    kept_meta = ("name", "namespace", "uid", "generation", "deletionTimestamp", "finalizers", "ownerReferences")
-    slim_meta: Obj = {k: meta[k] for k in kept_meta if k in meta}
-    slim_meta["labels"] = {
-        k: v for k, v in (meta.get("labels") or {}).items() if k in (api.LABEL_JOB, kueue.ORIGIN_LABEL)
-    }
-    spec_hash = (meta.get("annotations") or {}).get(kueue.SPEC_HASH_ANNOTATION)
-    if spec_hash:
-        slim_meta["annotations"] = {kueue.SPEC_HASH_ANNOTATION: spec_hash}
-    spec = workload.get("spec") or {}
-    pod_sets = []
-    for pod_set in spec.get("podSets") or []:
-        annotations = ((pod_set.get("template") or {}).get("metadata") or {}).get("annotations") or {}
-        topology = {k: v for k, v in annotations.items() if k.startswith("kueue.x-k8s.io/podset-")}
-        slim_set: Obj = {"name": pod_set.get("name"), "count": pod_set.get("count")}
-        if topology:
-            slim_set["template"] = {"metadata": {"annotations": topology}}
-        pod_sets.append(slim_set)
-    slim_spec = {k: spec[k] for k in ("active", "queueName") if k in spec} | {"podSets": pod_sets}
-    status = workload.get("status") or {}
-    slim_status: Obj = {"conditions": list(status.get("conditions") or [])}
-    assignments = (status.get("admission") or {}).get("podSetAssignments")
-    if assignments is not None:
-        slim_status["admission"] = {
-            "podSetAssignments": [
-                {k: a[k] for k in ("name", "flavors", "count", "topologyAssignment") if k in a} for a in assignments
-            ]
-        }
-    if status.get("admissionChecks"):
-        slim_status["admissionChecks"] = status["admissionChecks"]
-    return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
-
-
-def slim_pod_group(group: Mapping[str, Any]) -> Obj:
-    """What kubetf.core.gang reads of a gang's PodGroup (either scheduler's): identity, its owner, what the scheduler
-    wrote on it."""
-    meta = group.get("metadata") or {}
-    kept = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
-    slim_meta: Obj = {k: meta[k] for k in kept if k in meta}
-    owners = [
-        {"uid": o.get("uid"), "controller": True} for o in meta.get("ownerReferences") or [] if o.get("controller")
-    ]
-    if owners:
-        slim_meta["ownerReferences"] = owners[:1]
-    status = group.get("status") or {}
-    conditions = [
-        {k: c[k] for k in ("type", "status", "reason", "message", "lastTransitionTime") if k in c}
-        for c in status.get("conditions") or []
-    ]
-    slim_status: Obj = {"conditions": conditions}
-    if "phase" in status:  # Volcano's
-        slim_status["phase"] = status["phase"]
-    return {"apiVersion": group.get("apiVersion"), "kind": "PodGroup", "metadata": slim_meta, "status": slim_status}
 
 
 def pod_signature(pod: Obj) -> tuple[Any, ...]:
@@ -195,14 +138,13 @@ class Store:
         self.tombstones: OrderedDict[str, float] = OrderedDict()  # uid of a deleted object -> when
         self.cached_pods = 0  # kept as pods come and go: counting them would cost a pass over every job
         self.pod_uids: dict[str, tuple[Key, str]] = {}  # a pod's uid -> (its job, its name)
-        # Kueue (kubetf.core.kueue): LocalQueue -> its ClusterQueue; the jobs' Workloads, by job (their job label)
-        # and name: (resourceVersion, slim JSON); which LocalQueue a job names, so that a LocalQueue's event finds
-        # its jobs without parsing every job.
+        # Kueue: LocalQueue -> its ClusterQueue; which LocalQueue a job names, so that a LocalQueue's event finds its
+        # jobs without parsing every job.
         self.local_queues: dict[Key, str] = {}
-        self.workloads: dict[Key, dict[str, tuple[int, str]]] = {}
         self.job_queues: dict[Key, Key] = {}  # job -> (namespace, LocalQueue)
-        # The jobs' gang PodGroups (kubetf.core.gang), by job and name: (resourceVersion, slim JSON).
-        self.pod_groups: dict[Key, dict[str, tuple[int, str]]] = {}
+        # What the scheduler integrations made for the jobs (kubetf.core.scheduling.RESOURCES), by job (their job
+        # label) and (apiVersion, kind, name): (resourceVersion, uid, slim JSON).
+        self.owned: dict[Key, dict[tuple[str, str, str], tuple[int, str, str]]] = {}
 
     def _bury(self, uid: str) -> None:
         now = time.monotonic()
@@ -219,7 +161,7 @@ class Store:
         """Store a job unless a version as new is stored; True when it changed what is stored."""
         key = (api.namespace(job), api.name(job))
         version = resource_version(job)
-        queue = kueue.queue_name(job)
+        queue = workload.queue_name(job)
         with self.lock:
             current = self.jobs.get(key)
             if self._buried(job) or (current is not None and version and current[0] >= version):
@@ -381,130 +323,83 @@ class Store:
         with self.lock:
             return [job for job, queue in self.job_queues.items() if queue == (namespace, name)]
 
-    def put_workload(self, workload: Mapping[str, Any]) -> Key | None:
-        """Store a Workload under its job (the operator's job label: the watch selects only the operator's
-        Workloads); the job when what the decisions read of it changed."""
-        meta = workload.get("metadata") or {}
+    # ------------------------------------------------------------------ the jobs' objects but pods
+
+    def put_owned(self, obj: Mapping[str, Any]) -> Key | None:
+        """Store an object a scheduler integration made (kubetf.core.scheduling.RESOURCES) under its job (its job
+        label: the watches select only the operator's); the job when what the decisions read of it changed."""
+        meta = obj.get("metadata") or {}
         job_name = (meta.get("labels") or {}).get(api.LABEL_JOB)
-        if not job_name:
+        resource = _resource(obj)
+        if not job_name or resource is None:
             return None
         key = (meta.get("namespace") or "", job_name)
-        version = resource_version(workload)
-        encoded = _encode(slim_workload(workload))
+        version = resource_version(obj)
+        encoded = _encode(resource.slim(dict(obj)))
+        ident = (resource.api_version, resource.kind, meta.get("name") or "")
         with self.lock:
-            if self._buried(workload):
+            if self._buried(obj):
                 return None
-            workloads = self.workloads.setdefault(key, {})
-            current = workloads.get(meta.get("name") or "")
+            objects = self.owned.setdefault(key, {})
+            current = objects.get(ident)
             if current is not None and version and current[0] >= version:
                 return None
-            workloads[meta.get("name") or ""] = (version, encoded)
-        return key if current is None or current[1] != encoded else None
+            objects[ident] = (version, meta.get("uid") or "", encoded)
+        return key if current is None or current[2] != encoded else None
 
-    def remove_workload(self, workload: Mapping[str, Any]) -> Key | None:
-        meta = workload.get("metadata") or {}
-        key = (meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or "")
-        name, uid = meta.get("name") or "", meta.get("uid") or ""
+    def remove_owned(self, obj: Mapping[str, Any], key: Key | None = None) -> Key | None:
+        """Forget that object, that incarnation only (its uid: a late DELETED event of an older one of the same name
+        must not take the current one along), and ignore its later events. `key`: its job's, for an object as the
+        cache holds it (slim, without its labels)."""
+        meta = obj.get("metadata") or {}
+        key = key or (meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or "")
+        resource = _resource(obj)
+        uid = meta.get("uid") or ""
+        if resource is None:
+            return None
+        ident = (resource.api_version, resource.kind, meta.get("name") or "")
         with self.lock:
             self._bury(uid)
-            workloads = self.workloads.get(key)
-            entry = workloads.get(name) if workloads is not None else None
-            # Only that one: a late DELETED event must not take a newer Workload of the same name along.
-            if workloads is None or entry is None or (uid and json.loads(entry[1])["metadata"].get("uid") != uid):
+            objects = self.owned.get(key)
+            entry = objects.get(ident) if objects is not None else None
+            if objects is None or entry is None or (uid and entry[1] != uid):
                 return None
-            del workloads[name]
-            if not workloads:
-                del self.workloads[key]
+            del objects[ident]
+            if not objects:
+                del self.owned[key]
         return key
 
-    def prune_workloads(self, namespace: str, listed: set[tuple[Key, str]], list_version: int) -> list[Key]:
-        """Drop the Workloads of `namespace` ("": all) missing from a list taken at `list_version`; returns their
-        jobs."""
-        changed = []
+    def owned_of(self, key: Key) -> list[Obj]:
+        """The objects labelled for the job's name (its own, an earlier job's, anyone's: their controller reference
+        says whose), each with its resourceVersion: a write of it goes against the version read."""
         with self.lock:
-            for key, workloads in list(self.workloads.items()):
-                if namespace and key[0] != namespace:
-                    continue
-                for name, (stored, _) in list(workloads.items()):
-                    if (key, name) not in listed and stored <= list_version:
-                        del workloads[name]
-                        changed.append(key)
-                if not workloads:
-                    del self.workloads[key]
-        return changed
-
-    def workloads_of(self, key: Key) -> list[Obj]:
-        """The Workloads labelled for the job's name (its own, and a previous job's of that name), each with its
-        resourceVersion: a write of it goes against the version read."""
-        with self.lock:
-            entries = list((self.workloads.get(key) or {}).values())
+            entries = list((self.owned.get(key) or {}).values())
         found = []
-        for version, encoded in entries:
-            workload = json.loads(encoded)
-            workload["metadata"]["resourceVersion"] = str(version)
-            found.append(workload)
+        for version, _, encoded in entries:
+            obj = json.loads(encoded)
+            obj["metadata"]["resourceVersion"] = str(version)
+            found.append(obj)
         return found
 
-    # ------------------------------------------------------------------ gangs (kubetf.core.gang)
-
-    def put_pod_group(self, group: Mapping[str, Any]) -> Key | None:
-        """Store a gang's PodGroup under its job (its job label); the job when what the decisions read changed."""
-        meta = group.get("metadata") or {}
-        job_name = (meta.get("labels") or {}).get(api.LABEL_JOB)
-        if not job_name:
-            return None
-        key = (meta.get("namespace") or "", job_name)
-        slim = slim_pod_group(group)
-        version = resource_version(slim)
-        slim["metadata"].pop("resourceVersion", None)
-        encoded = _encode(slim)
-        with self.lock:
-            groups = self.pod_groups.setdefault(key, {})
-            current = groups.get(meta.get("name") or "")
-            if self._buried(group) or (current is not None and version and current[0] >= version):
-                return None
-            groups[meta.get("name") or ""] = (version, encoded)
-        return key if current is None or current[1] != encoded else None
-
-    def remove_pod_group(self, group: Mapping[str, Any], key: Key | None = None) -> Key | None:
-        """Forget a PodGroup and ignore its later events; `key`: its job's, for a group as the cache holds it
-        (slim, without its labels)."""
-        meta = group.get("metadata") or {}
-        key = key or (meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or "")
-        with self.lock:
-            self._bury(meta.get("uid") or "")
-            groups = self.pod_groups.get(key)
-            if groups is None or groups.pop(meta.get("name") or "", None) is None:
-                return None
-            if not groups:
-                del self.pod_groups[key]
-        return key
-
-    def pod_groups_of(self, key: Key) -> list[Obj]:
-        with self.lock:
-            entries = list((self.pod_groups.get(key) or {}).values())
-        return [json.loads(encoded) for _, encoded in entries]
-
-    def prune_pod_groups(
-        self, namespace: str, api_version: str, listed: set[tuple[Key, str]], version: int
-    ) -> list[Key]:
-        """Drop the PodGroups of `api_version` in `namespace` ("": all) missing from a list taken at `version`."""
+    def prune_owned(self, namespace: str, resource: Resource, listed: set[tuple[Key, str]], version: int) -> list[Key]:
+        """Drop the objects of `resource` in `namespace` ("": all) missing from a list of it taken at `version`."""
         changed = []
         with self.lock:
-            for key, groups in list(self.pod_groups.items()):
+            for key, objects in list(self.owned.items()):
                 if namespace and key[0] != namespace:
                     continue
-                for name, (stored, encoded) in list(groups.items()):
-                    if (
-                        (key, name) not in listed
-                        and stored <= version
-                        and json.loads(encoded)["apiVersion"] == api_version
-                    ):
-                        del groups[name]
+                for ident, (stored, _, _) in list(objects.items()):
+                    if ident[:2] == (resource.api_version, resource.kind) and (key, ident[2]) not in listed \
+                            and stored <= version:  # fmt: skip
+                        del objects[ident]
                         changed.append(key)
-                if not groups:
-                    del self.pod_groups[key]
+                if not objects:
+                    del self.owned[key]
         return changed
+
+
+def _resource(obj: Mapping[str, Any]) -> Resource | None:
+    return next((r for r in scheduling.RESOURCES if r.holds(dict(obj))), None)
 
 
 def _missing(entries: dict[Key, tuple[int, str]], namespace: str, listed: set[Key], list_version: int) -> list[Key]:

@@ -35,8 +35,10 @@ from kubetf.cluster.kube_api import (
     NotServed,
     Refused,
 )
-from kubetf.core import api, gang, kueue
+from kubetf.core import api, scheduling
 from kubetf.core.refusals import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
+from kubetf.core.scheduling import workload as kueue
+from kubetf.core.types import Resource, Write
 
 log = logging.getLogger("kubetf.cluster.kube")
 
@@ -45,14 +47,6 @@ Obj = dict[str, Any]
 # Every write is the leader's alone but these: the election's own Lease, and the progress endpoint's TokenReviews
 # (a question to the API server, not a change).
 UNGUARDED_RESOURCES = {"leases", "tokenreviews"}
-# The custom kinds a job owns besides its pods, Service and PVC: a gang's objects (kubetf.core.gang), its Kueue
-# Workload (kubetf.core.kueue).
-CUSTOM_PLURALS = {
-    (gang.NATIVE_GROUP, "PodGroup"): "podgroups",
-    (gang.NATIVE_GROUP, "Workload"): "workloads",
-    (gang.VOLCANO_GROUP, "PodGroup"): "podgroups",
-    (kueue.GROUP, "Workload"): "workloads",
-}
 # Cluster-scoped objects the operator reads for a job's Workload: (group, version, plural) by kind.
 CLUSTER_OBJECTS = {
     "WorkloadPriorityClass": (kueue.GROUP, kueue.VERSION, "workloadpriorityclasses"),
@@ -315,7 +309,16 @@ class Kube:
         body: Obj = {"propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
-        return self._delete_custom(api.GROUP, api.VERSION, namespace, api.PLURAL, name, body)
+        try:
+            self._call(
+                "delete", api.PLURAL, self.custom.delete_namespaced_custom_object,
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, body=body,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status in (404, 409):  # gone, or another incarnation (the uid precondition failed)
+                return False
+            raise
+        return True
 
     def create_job(self, job: Obj) -> Obj:
         namespace = job["metadata"].get("namespace") or "default"
@@ -410,11 +413,10 @@ class Kube:
         }.get(kind)
         if core is not None:
             return self._call("create", kind.lower(), core, namespace, obj, **kwargs)
-        group, version = obj["apiVersion"].split("/")
-        plural = CUSTOM_PLURALS[(group, kind)]
+        resource = resource_of(obj)
         return self._call(
-            "create", plural, self.custom.create_namespaced_custom_object, group, version, namespace, plural, obj,
-            **kwargs,
+            "create", resource.plural, self.custom.create_namespaced_custom_object, resource.group, resource.version,
+            namespace, resource.plural, obj, **kwargs,
         )  # fmt: skip
 
     def create(self, obj: Obj) -> Obj | None:
@@ -470,11 +472,7 @@ class Kube:
             read = core.read_namespaced_service if kind == "Service" else core.read_namespaced_persistent_volume_claim
             existing = self._get(kind.lower(), read, name, namespace)
         else:
-            group, version = obj["apiVersion"].split("/")
-            plural = CUSTOM_PLURALS[(group, kind)]
-            existing = self._get(
-                plural, self.custom.get_namespaced_custom_object, group, version, namespace, plural, name
-            )
+            existing = self.get_owned(resource_of(obj), namespace, name)
         if existing is None:
             return None  # gone meanwhile: the create makes it
         meta = existing["metadata"]
@@ -549,66 +547,74 @@ class Kube:
 
     # ------------------------------------------------------------------ Kueue (kubetf.core.kueue)
 
-    def get_workload(self, namespace: str, name: str) -> Obj | None:
-        """A Workload; None when it does not exist, or the cluster has no Kueue."""
-        return self._get(
-            "workloads", self.custom.get_namespaced_custom_object, kueue.GROUP, kueue.VERSION, namespace, "workloads",
-            name,
-        )  # fmt: skip
+    def get_owned(self, resource: Resource, namespace: str, name: str) -> Obj | None:
+        """One object of a kind a scheduler integration makes (kubetf.core.scheduling.RESOURCES); None when it does
+        not exist, or the cluster does not serve its API."""
+        try:
+            found = self._get(
+                resource.plural, self.custom.get_namespaced_custom_object, resource.group, resource.version, namespace,
+                resource.plural, name,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status in (403, 404):
+                return None
+            raise
+        return found
 
     def get_cluster_object(self, kind: str, name: str) -> Obj | None:
         """A WorkloadPriorityClass, PriorityClass or ResourceFlavor; None when it does not exist."""
         group, version, plural = CLUSTER_OBJECTS[kind]
         return self._get(plural, self.custom.get_cluster_custom_object, group, version, plural, name)
 
-    def write_workload(self, write: kueue.WorkloadWrite, resource_version: str) -> Obj | None:
-        """One write of a Workload (kubetf.core.kueue.WorkloadWrite) against `resource_version`: a merge patch of its
-        status subresource or of the object, or its finalizer removed. Returns the Workload as written; None when it
-        is gone. Raises `Conflict` when it changed since that version (the watch brings the newer one)."""
-        meta = write.workload["metadata"]
+    def write(self, write: Write, resource_version: str) -> Obj | None:
+        """One write of an object a job owns (kubetf.core.types.Write) against `resource_version`: a merge patch of it
+        or of its status subresource, a finalizer removed (a JSON patch testing the version and the finalizer's
+        place), or its deletion (that incarnation only: its uid as a precondition). Returns the object as written;
+        None when it is gone (or deleted). Raises `Conflict` when it changed since that version (its watch brings the
+        newer one)."""
+        resource = resource_of(write.obj)
+        meta = write.obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        if write.part == "unfinalize":
+        where = (resource.group, resource.version, namespace, resource.plural, name)
+        if write.verb == "delete":
+            body = {"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"}
+            try:
+                self._call("delete", resource.plural, self.custom.delete_namespaced_custom_object, *where, body=body)
+            except ApiException as error:
+                if error.status not in (404, 409):  # gone, or another incarnation (the uid precondition failed)
+                    raise
+            return None
+        content_type = None
+        if write.verb == "unfinalize":
             finalizers = list(meta.get("finalizers") or [])
-            if kueue.FINALIZER not in finalizers:
-                return write.workload
-            at = finalizers.index(kueue.FINALIZER)
+            if write.finalizer not in finalizers:
+                return write.obj
+            at = finalizers.index(write.finalizer)
             patch: Any = [
                 {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
-                {"op": "test", "path": f"/metadata/finalizers/{at}", "value": kueue.FINALIZER},
+                {"op": "test", "path": f"/metadata/finalizers/{at}", "value": write.finalizer},
                 {"op": "remove", "path": f"/metadata/finalizers/{at}"},
             ]
+            content_type = "application/json-patch+json"
         else:
-            patch = {
-                **write.patch,
-                "metadata": {**write.patch.get("metadata", {}), "resourceVersion": resource_version},
-            }
-        method = (
-            self.custom.patch_namespaced_custom_object_status
-            if write.part == "status"
-            else self.custom.patch_namespaced_custom_object
-        )
-        resource = "workloads/status" if write.part == "status" else "workloads"
-        content_type = "application/json-patch+json" if write.part == "unfinalize" else None
+            meta_patch = {**write.patch.get("metadata", {}), "resourceVersion": resource_version}
+            patch = {**write.patch, "metadata": meta_patch}
+        status = write.verb == "status"
+        custom = self.custom
+        method = custom.patch_namespaced_custom_object_status if status else custom.patch_namespaced_custom_object
         try:
             written: Obj = self._call(
-                "patch", resource, method, kueue.GROUP, kueue.VERSION, namespace, "workloads", name, patch,
+                "patch", f"{resource.plural}/status" if status else resource.plural, method, *where, patch,
                 _content_type=content_type,
             )  # fmt: skip
         except ApiException as error:
             if error.status == 404:
                 return None
-            if error.status == 409 or (error.status == 422 and write.part == "unfinalize"):  # (422: a test failed)
-                raise Conflict(f"Workload {namespace}/{name} changed since version {resource_version}") from error
+            if error.status == 409 or (error.status == 422 and write.verb == "unfinalize"):  # (422: a test failed)
+                what = f"{write.obj['kind']} {namespace}/{name}"
+                raise Conflict(f"{what} changed since version {resource_version}") from error
             raise
         return written
-
-    def delete_object(self, obj: Obj) -> bool:
-        """Delete one of a job's custom objects (a gang's PodGroup), that incarnation only. False when not there."""
-        meta = obj["metadata"]
-        group, version = obj["apiVersion"].split("/")
-        plural = CUSTOM_PLURALS[(group, obj["kind"])]
-        body = {"preconditions": {"uid": meta["uid"]}, "propagationPolicy": "Background"}
-        return self._delete_custom(group, version, meta["namespace"], plural, meta["name"], body)
 
     def served_resources(self, group_version: str) -> set[str] | None:
         """The resources the API server serves in `group_version` (API discovery); None when it serves no such
@@ -621,22 +627,10 @@ class Kube:
             raise
         return {r.get("name") for r in (found or {}).get("resources") or [] if r.get("name")}
 
-    def _delete_custom(self, group: str, version: str, namespace: str, plural: str, name: str, body: Obj) -> bool:
-        """False when the object is not there, or is another incarnation (409: the uid precondition failed)."""
-        try:
-            self._call(
-                "delete", plural, self.custom.delete_namespaced_custom_object,
-                group, version, namespace, plural, name, body=body,
-            )  # fmt: skip
-        except ApiException as error:
-            if error.status in (404, 409):
-                return False
-            raise
-        return True
-
     def release_pods(self, pods: list[Obj]) -> None:
         """Remove Kueue's pod-integration finalizer from these deleted pods (they run nothing any more:
-        kueue.legacy_held), and end their deletion at once: the kubelet would confirm it only once it has cleaned
+        kubetf.core.scheduling.kueue.legacy_held), and end their deletion at once: the kubelet would confirm it only
+        once it has cleaned
         up after the containers, most of a second that the replacement of the same name would wait for."""
         list(self._parallel().map(self._release, pods))
 
@@ -720,23 +714,21 @@ class Kube:
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         return response
 
-    def workload_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
-        """The operator's Kueue Workloads (namespace "": all), page by page; none where Kueue is not installed or not
-        readable."""
-        return self._kueue_pages("workloads", namespace, f"{api.LABEL_MANAGED_BY}={api.MANAGER}")
+    def owned_pages(self, namespace: str, resource: Resource) -> Iterator[tuple[list[Obj], int]]:
+        """The operator's own objects of a kind a scheduler integration makes (namespace "": all), page by page, each
+        with its apiVersion and kind (a built-in API's list items lack them); none where the cluster does not serve
+        that API, or the operator may not read it."""
+        selector = f"{api.LABEL_MANAGED_BY}={api.MANAGER}"
+        try:
+            for items, version in self.pages(resource.plural, namespace, selector, resource.api_version):
+                yield [{**item, "apiVersion": resource.api_version, "kind": resource.kind} for item in items], version
+        except ApiException as error:
+            if error.status not in (403, 404):
+                raise
 
     def local_queue_pages(self, namespace: str) -> Iterator[tuple[list[Obj], int]]:
         """Kueue's LocalQueues (namespace "": all), page by page; none where Kueue is not installed or not readable."""
         return self._kueue_pages("localqueues", namespace)
-
-    def pod_group_pages(self, namespace: str, api_version: str) -> Iterator[tuple[list[Obj], int]]:
-        """The operator's gang PodGroups of one scheduler's API (namespace "": all), page by page; none where the
-        cluster does not serve it."""
-        try:
-            yield from self.pages("podgroups", namespace, f"{api.LABEL_MANAGED_BY}={api.MANAGER}", api_version)
-        except ApiException as error:
-            if error.status not in (403, 404):
-                raise
 
     def _kueue_pages(self, resource: str, namespace: str, selector: str = "") -> Iterator[tuple[list[Obj], int]]:
         try:
@@ -843,3 +835,11 @@ class Kube:
             level = logging.DEBUG if _namespace_terminating(error) else logging.WARNING
             log.log(level, "could not record event %s on %s/%s: %s %s", reason, meta["namespace"], meta["name"],
                     error.status, _message(error))  # fmt: skip
+
+
+def resource_of(obj: Obj) -> Resource:
+    """The kind of object a scheduler integration makes that `obj` is (kubetf.core.scheduling.RESOURCES)."""
+    found = next((r for r in scheduling.RESOURCES if r.holds(obj)), None)
+    if found is None:
+        raise ValueError(f"{obj.get('apiVersion')} {obj.get('kind')} is not a kind the operator makes")
+    return found

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kubetf.core import api, gang
+from kubetf.core import api
 from kubetf.core.api import Job
 from kubetf.core.progress import identity
 
@@ -153,11 +153,9 @@ def _metadata(job: Job, name: str, extra_labels: dict[str, str] | None = None) -
     return metadata
 
 
-def desired_pod(
-    job: Job, role: str, index: int, attempt: int = 0, progress_url: str = "", where: gang.Placement | None = None
-) -> dict[str, Any]:
-    """The pod of task `role`-`index`; with `progress_url`, where and with which token it reports its progress; with
-    `where`, in its gang's PodGroup (kubetf.core.gang)."""
+def desired_pod(job: Job, role: str, index: int, attempt: int = 0, progress_url: str = "") -> dict[str, Any]:
+    """The pod of task `role`-`index`; with `progress_url`, where and with which token it reports its progress. Its
+    scheduler integrations then put it where they place pods (kubetf.core.scheduling: `join`)."""
     spec = job["spec"]
     replica = spec["replicaSpecs"][role]
     template = copy.deepcopy(replica["template"])
@@ -186,9 +184,7 @@ def desired_pod(
         _checkpoint_volume(pod_spec, container, job)
     if progress_url:
         _progress_reports(pod_spec, container, progress_url)
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
-    gang.join(pod, where)
-    return pod
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
 def _training_container(container: dict[str, Any], job: Job, role: str, index: int) -> None:

@@ -1,10 +1,11 @@
-"""What a reconcile sees (`Observed`) and what it decides (`Plan`): the two ends of the pure decision.
+"""What a reconcile sees (`Observed`) and what it decides (`Plan`, or `Bookkeeping` for a job that runs no pod here):
+the two ends of the pure decision.
 
-The shell (kubetf.runtime) fills an `Observed` from its cache and the API, calls `reconcile.plan`, and carries the
-`Plan` out in a fixed order without deciding anything itself: post the events and store the status decided so far
-(when `persist_first`), delete, force-delete, release, create batch by batch, delete the PodGroups no pod uses,
-write the job's Workload (Kueue), then store the final status `reconcile.after_creates` derives from what was
-created.
+The shell (kubetf.runtime) fills an `Observed` from its cache and the API, calls `reconcile.decide`, and carries the
+plan out in a fixed order without deciding anything itself: store the status decided so far (when
+`persist_first`), delete, force-delete, create batch by batch (what the scheduler integrations need first, then the
+pods), write the objects the job owns (`writes`: its PodGroups, its Workload), then store the final status
+`reconcile.after_creates` derives from what was created, and post the events.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetf.core.api import Job
 from kubetf.core.failing import Failing
-from kubetf.core.gang import Served
-from kubetf.core.kueue import Admission, WorkloadWrite, managed_here
 from kubetf.core.progress.merge import Held
+from kubetf.core.scheduling import Gate, Served
+from kubetf.core.scheduling.workload import Admission
 from kubetf.core.sigterm import LogRead, Watched
+from kubetf.core.types import Event, Job, Obj, Pod, Write
 
-Pod = dict[str, Any]
+__all__ = ["Bookkeeping", "Event", "Observed", "Plan"]
 
 
 @dataclass(frozen=True)
@@ -32,30 +33,22 @@ class Observed:
     now: float
     # The nodes of the job's pods that stopped reporting (NotReady, Unknown, gone): since when, as far as known.
     lost_nodes: Mapping[str, float] = field(default_factory=dict)
-    admission: Admission | None = None  # a queued job's admission by Kueue
+    admission: Admission | None = None  # what Kueue says of a queued job
     # A MultiWorkerMirrored group restart (kubetf.core.sigterm): what earlier reconciles found in the logs of the
     # pods sent SIGTERM (by uid), and the logs read for this one (None: the log could not be read).
     sigterm: Mapping[str, Watched] = field(default_factory=dict)
     logs: Mapping[str, str | None] = field(default_factory=dict)
-    # The Workloads of TrainingJobs of its name but its own (a previous job's: kueue.orphans)
-    workloads: list[dict[str, Any]] = field(default_factory=list)
+    # The objects but pods labelled for its name (PodGroups, Workloads): its own, an earlier job's of that name, and
+    # anyone else's; which are whose is their controller reference's to say (kubetf.core.types.owned_by).
+    owned: list[Obj] = field(default_factory=list)
     # The job's progress as the operator holds it, newer than its status until written (kubetf.core.progress)
     progress: Held | None = None
     failing: Failing | None = None  # its reconciles that failed in a row (kubetf.core.failing)
     # Pods that carry the job's labels but are not a TrainingJob's of its name (status.split_pods): never touched;
     # one that holds a task's pod name keeps that task waiting.
     foreign: list[Pod] = field(default_factory=list)
-    # Gang scheduling (kubetf.core.gang): the schedulers' APIs the cluster serves, and the job's PodGroups.
-    served: Served = field(default_factory=Served)
-    pod_groups: list[dict[str, Any]] = field(default_factory=list)
+    served: Served = field(default_factory=Served)  # the gang schedulers' APIs the cluster serves
     key: tuple[str, str] = ("", "")  # the job's (namespace, name), whether it exists or not
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
 
 
 @dataclass
@@ -76,13 +69,13 @@ class Plan:
     sigterm: dict[str, Watched] = field(default_factory=dict)  # what to remember for the next reconcile
     # Creation: `trial` is dry-run first (nothing is created unless all of it would be); then the batches, each
     # created in parallel, stopping after a batch with an error. `more_to_create`: pods left for a later turn.
-    trial: list[dict[str, Any]] = field(default_factory=list)
-    batches: list[list[dict[str, Any]]] = field(default_factory=list)
+    trial: list[Obj] = field(default_factory=list)
+    batches: list[list[Obj]] = field(default_factory=list)
     more_to_create: bool = False
-    # Kueue (kubetf.core.kueue): deleted pods whose pod-integration finalizer goes; the writes of the job's
-    # Workloads, in order (a Workload to make is created as pods are: `batches`).
+    # Deleted pods whose scheduler integration's finalizer goes (they run nothing); the writes of the objects the job
+    # owns, in order, after the creates (kubetf.core.types.Write).
     release: list[Pod] = field(default_factory=list)
-    workload_writes: list[WorkloadWrite] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
     requeue_at: float | None = None
     delete_job: bool = False
     admission: Admission | None = None
@@ -91,8 +84,8 @@ class Plan:
     progress: Held | None = None
     progress_along: dict[str, Any] | None = None
     names_taken: list[tuple[str, Pod]] = field(default_factory=list)  # tasks' pod names another's pod holds
-    gang_waiting: tuple[str, str] | None = None  # (reason, message) while the job's gang waits to be placed
-    delete_objects: list[dict[str, Any]] = field(default_factory=list)  # the job's PodGroups no pod uses any more
+    waiting: tuple[str, str, bool] | None = None  # (reason, message, warning) of a scheduler's wait worth saying
+    gate: Gate | None = None  # the job's pods may not be here now: why (kubetf.core.scheduling.Gate)
 
     def wake_at(self, when: float | None) -> None:
         if when is not None and (self.requeue_at is None or when < self.requeue_at):
@@ -104,30 +97,20 @@ class Plan:
         return self.admission if self.status.get("phase") == "Queued" else None
 
     @property
-    def create(self) -> list[dict[str, Any]]:
+    def create(self) -> list[Obj]:
         """The pods this plan creates."""
         return [o for batch in self.batches for o in batch if o["kind"] == "Pod"]
 
 
-@dataclass(frozen=True)
-class Farewell:
-    """A deleted job's plan: its pods go with it (garbage collection); its Workloads are finished and let go, and
-    pods Kueue's pod integration still holds are released."""
-
-    writes: list[WorkloadWrite]
-    release: list[Pod]
-    read_logs: list[LogRead] = field(default_factory=list)  # none: a farewell decides nothing on a log
-
-
 @dataclass
-class Dispatch:
-    """The plan of a job MultiKueue runs on another cluster (kubetf.core.kueue.dispatched): its Workload only."""
+class Bookkeeping:
+    """The plan of a job that runs no pod here: one that is gone (its Workloads let go, pods Kueue's pod integration
+    still holds released), or one MultiKueue runs on another cluster (its Workload made and followed; its status
+    written only to say it can never be dispatched, before anything was)."""
 
-    create: dict[str, Any] | None = None
-    writes: list[WorkloadWrite] = field(default_factory=list)
-    read_logs: list[LogRead] = field(default_factory=list)  # none
-
-
-def runs_here(job: Job | None) -> bool:
-    """The job exists, is not being deleted, and this operator runs it (not MultiKueue: spec.managedBy)."""
-    return job is not None and not job["metadata"].get("deletionTimestamp") and managed_here(job)
+    create: list[Obj] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
+    release: list[Pod] = field(default_factory=list)
+    status: dict[str, Any] | None = None  # None: the job's status is not this operator's to write
+    events: list[Event] = field(default_factory=list)
+    read_logs: list[LogRead] = field(default_factory=list)  # none: bookkeeping decides nothing on a log

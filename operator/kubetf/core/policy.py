@@ -231,13 +231,17 @@ class Decision:
     reason: str
 
 
-def decide(job: Job, role: str, termination: Termination, failures: int, disruptions: int) -> Decision:
-    """Restart or fail, after a task ended abnormally. `failures`/`disruptions` are the counts before this one."""
+def decide(
+    job: Job, role: str, termination: Termination, failures: int, disruptions: int, capped: bool = True
+) -> Decision:
+    """Restart or fail, after a task ended abnormally. `failures`/`disruptions` are the counts before this one.
+    `capped` False: a disruption that maxDisruptions does not limit (a queue took the whole job back: it waits its
+    turn again and resumes from its checkpoint; it never fails for it)."""
     restart_policy = job["spec"]["replicaSpecs"][role]["restartPolicy"]
     policy = api.run_policy(job)
     if termination.outcome is Outcome.DISRUPTED:
         cap = policy.get("maxDisruptions")
-        if cap is not None and disruptions >= cap:
+        if capped and cap is not None and disruptions >= cap:
             return Decision(False, f"MaxDisruptionsExceeded: {termination.reason} (runPolicy.maxDisruptions={cap})")
         return Decision(True, f"Disrupted: {termination.reason}")
     if termination.outcome is Outcome.PERMANENT:

@@ -219,6 +219,20 @@ OPERATOR: dict[str, Reason] = {
         "Wait, or make room (the message says what does not fit); `scheduleTimeoutSeconds` bounds the wait "
         "(docs/gang-scheduling.md).",
     ),
+    "EvaluatorPending": Reason(
+        "condition (Running), Normal event (Warning once the scheduler or the kubelet says why)",
+        "Every training task runs; the evaluator, which is in no gang and holds no other task back, does not run yet. "
+        "The message says why, in the scheduler's or the kubelet's words.",
+        "Nothing while it starts; if it lasts, make room for it (the message says what does not fit). "
+        "`startupTimeoutSeconds` bounds its wait as any pod's.",
+    ),
+    "NotDispatched": Reason(
+        "condition (Pending) on MultiKueue's manager, Warning event",
+        "The job has `spec.managedBy: kueue.x-k8s.io/multikueue` but nothing will ever dispatch it: it has no "
+        "`kueue.x-k8s.io/queue-name` label, or its ClusterQueue admitted it without a MultiKueue admission check.",
+        "Add the label, naming a LocalQueue whose ClusterQueue has a MultiKueue admission check; or remove "
+        "`spec.managedBy` to run the job on this cluster (docs/kueue.md).",
+    ),
     "GangScheduleTimeout": Reason(
         "condition (Failed, or Pending with `onScheduleTimeout: Wait`), Warning event",
         "The job's gang was not placed within `runPolicy.schedulingPolicy.scheduleTimeoutSeconds` of the moment its "

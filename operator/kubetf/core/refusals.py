@@ -17,30 +17,21 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from kubetf.core import api
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.plan import Event, Plan
+from kubetf.core.types import DENIED, INVALID, NAME_IN_USE, UNAVAILABLE, Refusal
 
-INVALID, DENIED, NAME_IN_USE, UNAVAILABLE = "Invalid", "Denied", "NameInUse", "Unavailable"
+__all__ = ["DENIED", "INVALID", "NAME_IN_USE", "UNAVAILABLE", "Refusal"]
+
 REFUSED_SINCE = "createRejectedSince"  # status field: since when the job's creates have been refused
 UNAVAILABLE_SINCE = "createUnavailableSince"  # status field: since when creates have met an unavailable API
 WAITS = (REFUSED_SINCE, UNAVAILABLE_SINCE)
 # Kubernetes' quantity grammar (resource.Quantity): what the API server cannot even decode as a Pod.
 _QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """The API server would not create one of the job's objects, classified by cluster.kube from its answer."""
-
-    cause: str  # INVALID | DENIED | NAME_IN_USE | UNAVAILABLE
-    kind: str  # Pod | Service | PersistentVolumeClaim
-    name: str
-    message: str  # the API server's own words (for NAME_IN_USE: whose the object is)
 
 
 def trial(status: dict[str, Any], batches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from kubetf.core import api, kueue
+from kubetf.core import api
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.status import TaskView
@@ -60,17 +60,19 @@ def account(status: dict[str, Any], clock: Clock, now: float, admitted_at: float
         status.pop("queuePosition", None)
 
 
-def account_job(status: dict[str, Any], admission: kueue.Admission | None, now: float) -> None:
-    """Open or close the job's active period (`account`): it is active unless it waits for Kueue's admission."""
-    if kueue.waits_for_admission(admission):
+def account_job(
+    status: dict[str, Any], queued: bool, position: int | None, admitted_at: float | None, now: float
+) -> None:
+    """Open or close the job's active period (`account`): it is active unless it waits in a queue (`queued`: Kueue
+    has not admitted it; `position`: its place there, when known). `admitted_at`: when it was admitted."""
+    if queued:
         account(status, Clock.QUEUED, now)
-        if admission is not None and admission.position is not None:
-            status["queuePosition"] = admission.position
+        if position is not None:
+            status["queuePosition"] = position
         else:
             status.pop("queuePosition", None)
         return
     status.pop("queuePosition", None)
-    admitted_at = st.parse_time(admission.admitted_at) if admission is not None else None
     account(status, Clock.ACTIVE, now, admitted_at)
 
 
@@ -89,15 +91,13 @@ def deadline(job: Job, status: dict[str, Any]) -> float | None:
     return since + seconds - float(status.get("activeSeconds") or 0)
 
 
-def startup_due(
-    job: Job, pod: Pod, status: dict[str, Any], admission: kueue.Admission | None, not_before: float | None = None
-) -> float | None:
+def startup_due(job: Job, pod: Pod, status: dict[str, Any], not_before: float | None = None) -> float | None:
     """When `pod`, not started yet, exceeds startupTimeoutSeconds; None when nothing counts for it: no timeout, or
-    the job is not active (it waits for Kueue's admission). `not_before`: when its gang was placed (the wait before
-    that is the schedule timeout's, kubetf.core.gang)."""
+    the job is not active. `not_before`: when its gang was placed (the wait before that is the schedule timeout's,
+    kubetf.core.scheduling.gangs)."""
     timeout = api.run_policy(job).get("startupTimeoutSeconds")
     active_since = st.parse_time(status.get("activeSince"))
-    if not timeout or active_since is None or kueue.waits_for_admission(admission):
+    if not timeout or active_since is None:
         return None
     created = st.parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     if created is None:
@@ -133,23 +133,26 @@ def startup_timeout(
     job: Job,
     views: dict[str, TaskView],
     status: dict[str, Any],
-    admission: kueue.Admission | None,
+    gated: bool,
     now: float,
-    gang_waiting: bool = False,
+    holding: bool = False,
     not_before: float | None = None,
 ) -> tuple[str | None, float | None]:
     """A pod that could not start within startupTimeoutSeconds of the moment it may: the failure's message, else
-    when the next pod's time runs out. While the job's gang waits to be placed (`gang_waiting`), its training pods
-    are the schedule timeout's; once it is placed they count from then (`not_before`)."""
+    when the next pod's time runs out. Nothing counts while the job's pods may not be here (`gated`: it waits for
+    Kueue's admission). While its gang is not placed (`holding`), its training pods are the schedule timeout's; once
+    it is placed they count from then (`not_before`)."""
+    if gated:
+        return None, None
     next_due = None
     for view in views.values():
         pod = view.pod
         if pod is None or st.is_deleting(pod) or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
             continue
         training = view.role in api.TRAINING_ROLES
-        if gang_waiting and training:
+        if holding and training:
             continue
-        due = startup_due(job, pod, status, admission, not_before if training else None)
+        due = startup_due(job, pod, status, not_before if training else None)
         if due is None:
             continue
         if now >= due:

@@ -23,10 +23,11 @@ from kubetf.cluster.kube import describe, is_transient
 from kubetf.cluster.kube_api import KubeApi, NotLeader, Refused
 from kubetf.cluster.podwatch import PodWatch
 from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
-from kubetf.core import api, gang, policy, reconcile, refusals
+from kubetf.core import api, policy, reconcile, refusals, scheduling
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import RECONCILE_ERROR, Failing
 from kubetf.core.plan import Plan
+from kubetf.core.types import Resource
 from kubetf.runtime.executor import FOLLOW, NORMAL, REPORT, URGENT, Executor
 from kubetf.runtime.observer import Observer
 from kubetf.runtime.positions import QueuePositions
@@ -36,7 +37,6 @@ from kubetf.runtime.progress.gauges import JobSeries
 log = logging.getLogger("kubetf.operator")
 
 PRIORITY_NAMES = {URGENT: "urgent", FOLLOW: "follow", NORMAL: "normal", REPORT: "report"}
-GANG_APIS = (f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}", f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}")
 
 
 class Controller:
@@ -151,16 +151,13 @@ class Controller:
                     if key is not None and serves(pod):
                         self.store.put_pod(key, pod)
         for namespace in scopes:
-            for items, _ in self.kube.workload_pages(namespace):
-                for workload in filter(serves, items):
-                    self.store.put_workload(workload)
             for items, _ in self.kube.local_queue_pages(namespace):
                 for queue in filter(serves, items):
                     self.store.put_local_queue(queue)
-            for api_version in GANG_APIS:
-                for items, _ in self.kube.pod_group_pages(namespace, api_version):
-                    for group in filter(serves, items):
-                        self.store.put_pod_group(listed_item(group, api_version))
+            for resource in scheduling.RESOURCES:
+                for items, _ in self.kube.owned_pages(namespace, resource):
+                    for obj in filter(serves, items):
+                        self.store.put_owned(obj)
         self.requeue_all()
         for key in self.store.pod_jobs():  # pods of a job deleted while no operator ran: Kueue's finalizer
             if self.store.job(key) is None:
@@ -176,8 +173,8 @@ class Controller:
             for namespace in self.config.list_scopes():
                 self._refresh_jobs(namespace)
                 self._refresh_pods(namespace)
-                self._refresh_workloads(namespace)
-                self._refresh_pod_groups(namespace)
+                for resource in scheduling.RESOURCES:
+                    self._refresh_owned(namespace, resource)
 
     def _refresh_jobs(self, namespace: str) -> None:
         listed: set[Key] = set()
@@ -223,38 +220,22 @@ class Controller:
                 self.queue.add(key, URGENT)
         return version
 
-    def _refresh_workloads(self, namespace: str) -> None:
+    def _refresh_owned(self, namespace: str, resource: Resource) -> None:
         listed: set[tuple[Key, str]] = set()
         version = 0
-        for items, list_version in self.kube.workload_pages(namespace):
+        priority = URGENT if resource.urgent else NORMAL
+        for items, list_version in self.kube.owned_pages(namespace, resource):
             version = list_version
-            for workload in filter(self._serves, items):
-                meta = workload.get("metadata") or {}
+            for obj in filter(self._serves, items):
+                meta = obj.get("metadata") or {}
                 listed.add(((meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or ""),
                             meta.get("name") or ""))  # fmt: skip
-                key = self.store.put_workload(workload)
+                key = self.store.put_owned(obj)
                 if key is not None:
-                    self.queue.add(key, URGENT)
-        if version:  # listed (Kueue is installed)
-            for key in self.store.prune_workloads(namespace, listed, version):
-                self.queue.add(key, URGENT)
-
-    def _refresh_pod_groups(self, namespace: str) -> None:
-        for api_version in GANG_APIS:
-            listed: set[tuple[Key, str]] = set()
-            version = 0
-            for items, list_version in self.kube.pod_group_pages(namespace, api_version):
-                version = list_version
-                for group in filter(self._serves, items):
-                    meta = group.get("metadata") or {}
-                    listed.add(((meta.get("namespace") or "", (meta.get("labels") or {}).get(api.LABEL_JOB) or ""),
-                                meta.get("name") or ""))  # fmt: skip
-                    key = self.store.put_pod_group(listed_item(group, api_version))
-                    if key is not None:
-                        self.queue.add(key, NORMAL)
-            if version:
-                for key in self.store.prune_pod_groups(namespace, api_version, listed, version):
-                    self.queue.add(key, NORMAL)
+                    self.queue.add(key, priority)
+        if version:  # listed (the cluster serves that API)
+            for key in self.store.prune_owned(namespace, resource, listed, version):
+                self.queue.add(key, priority)
 
     def _serves(self, obj: Mapping[str, Any]) -> bool:
         return self.config.serves((obj.get("metadata") or {}).get("namespace") or "")
@@ -407,27 +388,17 @@ class Controller:
         if deferred is not None:
             self.queue.add(key, deferred)
 
-    def workload_event(self, type_: str | None, workload: Mapping[str, Any]) -> None:
-        """A Workload of the operator's changed: its job is reconciled when what the decisions read of it changed
-        (admitted, evicted, finished, deleted)."""
-        if not self._serves(workload):
+    def owned_event(self, type_: str | None, obj: Mapping[str, Any], resource: Resource) -> None:
+        """An object a scheduler integration made for a job changed (a Workload admitted or evicted, a PodGroup the
+        scheduler wrote on): its job is reconciled when what the decisions read of it changed."""
+        if not self._serves(obj):
             return
         if type_ is None:  # kopf's type for an object it listed rather than watched
             self._listed()
-        key = self.store.remove_workload(workload) if type_ == "DELETED" else self.store.put_workload(workload)
+        found = {**obj, "apiVersion": resource.api_version, "kind": resource.kind}
+        key = self.store.remove_owned(found) if type_ == "DELETED" else self.store.put_owned(found)
         if key is not None:
-            self.queue.add(key, URGENT)
-
-    def pod_group_event(self, type_: str | None, group: Mapping[str, Any]) -> None:
-        """A gang's PodGroup changed (the scheduler wrote why it cannot place it, or that it did): its job is
-        reconciled."""
-        if not self._serves(group):
-            return
-        if type_ is None:
-            self._listed()
-        key = self.store.remove_pod_group(group) if type_ == "DELETED" else self.store.put_pod_group(group)
-        if key is not None:
-            self.queue.add(key, NORMAL)
+            self.queue.add(key, URGENT if resource.urgent else NORMAL)
 
     def local_queue_event(self, type_: str | None, queue: Mapping[str, Any]) -> None:
         """A LocalQueue appeared, went or changed its ClusterQueue: the jobs labelled with it are reconciled."""
@@ -464,13 +435,6 @@ class Controller:
         final = self.executor.carry_out(key, seen, plan)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         return final
-
-
-def listed_item(obj: Mapping[str, Any], api_version: str) -> Mapping[str, Any]:
-    """An item of a list, with the apiVersion the list's items of a built-in API lack (a custom resource's carry it):
-    the native PodGroups (scheduling.k8s.io) were kept without one, and deleting a stale one failed every reconcile
-    of its job ('NoneType' object has no attribute 'split')."""
-    return obj if obj.get("apiVersion") else {**obj, "apiVersion": api_version}
 
 
 def _says_failing(job: Mapping[str, Any] | None) -> bool:

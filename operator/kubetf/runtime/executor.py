@@ -18,13 +18,14 @@ from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key, Store, changed_besides_status
 from kubetf.cluster.kube_api import Conflict, Creation, KubeApi, Refused
 from kubetf.cluster.workqueue import Expectations, WorkQueue
-from kubetf.core import failing, kueue, reconcile, refusals
+from kubetf.core import failing, reconcile, refusals, scheduling
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import Failing
-from kubetf.core.plan import Dispatch, Event, Farewell, Observed, Plan
+from kubetf.core.plan import Bookkeeping, Event, Observed, Plan
 from kubetf.core.progress.health import UNHEALTHY
 from kubetf.core.sigterm import Watched
+from kubetf.core.types import Write
 from kubetf.runtime import positions
 from kubetf.runtime.positions import QueuePositions
 from kubetf.runtime.progress.gauges import JobSeries
@@ -72,14 +73,11 @@ class Executor:
         self.held_events: dict[Key, tuple[str, list[Event], float | None]] = {}
         self.admitted = refusals.Admitted(config.admitted_shape_seconds)
 
-    def carry_out(self, key: Key, seen: Observed, plan: Plan | Farewell | Dispatch) -> Plan | None:
+    def carry_out(self, key: Key, seen: Observed, plan: Plan | Bookkeeping) -> Plan | None:
         """Do what `plan` says; returns the final plan (after its creates). Raises what stopped it: an API error
         (retried with the job's backoff), a refused create (its job's status says it, then retried)."""
-        if isinstance(plan, Farewell):
-            self.farewell(key, plan)
-            return None
-        if isinstance(plan, Dispatch):
-            self.dispatch(key, seen, plan)
+        if isinstance(plan, Bookkeeping):
+            self.bookkeeping(key, seen, plan)
             return None
         job: dict[str, Any] = seen.job or {}
         original = job.get("status") or {}
@@ -93,8 +91,9 @@ class Executor:
         self._delete(key, plan)
         self._post_held(key, job)
         creation = self._create(key, plan)
-        self._delete_unused_groups(key, plan.delete_objects)
-        self._write_workloads(key, plan.workload_writes)
+        # After the creates, which never wait for them (a group restart's replacements are in a PodGroup of their
+        # own); one that fails is retried with the job, after its status is written: the status never freezes on it.
+        failed = self._write_objects(key, plan.writes)
         refusal = creation.refusal or trial_refusal
         final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config)
         if not self._report_later(key, job, stored, final, creation, refusal, posted, seen.now):
@@ -109,6 +108,8 @@ class Executor:
         self._schedule(key, final)
         if creation.error is not None:
             raise creation.error  # what was created is recorded; the rest is retried with this job's backoff
+        if failed is not None:
+            raise failed
         if final.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", *key)
             self.kube.delete_job(*key, job["metadata"]["uid"])
@@ -116,42 +117,45 @@ class Executor:
             raise Refused(refusal)  # recorded and reported; retried with this job's backoff
         return final
 
-    def farewell(self, key: Key, plan: Farewell) -> None:
-        """A job that is gone: forget it (its progress and series too), let its Workloads go, and release what Kueue's
-        pod integration still holds of its pods."""
-        self.record_phase(key, None)
+    def bookkeeping(self, key: Key, seen: Observed, plan: Bookkeeping) -> None:
+        """A job that runs no pod here: one that is gone (forget it, its progress and series too; let its Workloads
+        go; release what an older integration still holds of its pods), or one MultiKueue runs elsewhere (its
+        Workload made and written; its status only to say it can never be dispatched)."""
+        job = seen.job
         self.positions.track(key, None, None)
-        self.progress.forget(key)
-        with self.lock:
-            self.sigterm.pop(key, None)
-            self.held_events.pop(key, None)
+        if job is None:
+            self.record_phase(key, None)
+            self.progress.forget(key)
+            with self.lock:
+                self.sigterm.pop(key, None)
+                self.held_events.pop(key, None)
+        else:
+            self.record_phase(key, (plan.status or job.get("status") or {}).get("phase"))
         self._release(key, plan.release)
-        self._write_workloads(key, plan.writes)
-
-    def dispatch(self, key: Key, seen: Observed, plan: Dispatch) -> None:
-        """A job MultiKueue runs on another cluster: its Workload made and written, nothing else (its status is
-        Kueue's copy of the worker's)."""
-        job = seen.job or {}
-        self.record_phase(key, (job.get("status") or {}).get("phase"))
-        self.positions.track(key, None, None)
-        if plan.create is not None:
-            log.info(
-                "%s/%s: creating Workload %s (MultiKueue dispatches the job)", *key, plan.create["metadata"]["name"]
-            )
-            created = self.kube.create_batches([[plan.create]])
-            for workload in created.created:
-                self.store.put_workload(workload)
+        if plan.create:
+            created = self.kube.create_batches([plan.create])
+            for obj in created.created:
+                self.store.put_owned(obj)
             if created.refusal is not None:
                 raise Refused(created.refusal)
             if created.error is not None:
                 raise created.error
-        self._write_workloads(key, plan.writes)
+        failed = self._write_objects(key, plan.writes)
+        if job is not None and plan.status is not None:
+            self._post(job, plan.events, 0)
+            stored = job.get("status") or {}
+            if plan.status != stored:
+                self._write_status(key, job, stored, plan.status, None)
+        if failed is not None:
+            raise failed
 
     def report_failing(self, key: Key, failure: Failing, now: float) -> None:
         """The job's reconciles keep failing: say so in its status (kubetf.core.failing), with a Warning event. On
         a best-effort basis: the API server may be what fails."""
         job = self.store.job(key)
         if job is None or (job.get("status") or {}).get("phase") is None:
+            return
+        if not scheduling.runs_here(job):  # its status is another cluster's, copied here: never a second writer
             return
         stored = job.get("status") or {}
         status = dict(stored)
@@ -277,37 +281,41 @@ class Executor:
         # The DELETED events of the others bring the job back for the replacements.
         self._release(key, plan.release)
 
-    def _delete_unused_groups(self, key: Key, groups: list[dict[str, Any]]) -> None:
-        """A gang's PodGroups no pod uses any more: after the creates, which never wait for them (a group restart's
-        replacements are in a PodGroup of their own). Dropped from the cache once deleted: a reconcile before their
-        DELETED event would delete them again."""
-        for group in groups:
-            log.info("%s/%s: deleting %s %s: no pod of the job uses it", *key, group["kind"], group["metadata"]["name"])
-            self.kube.delete_object(group)
-            self.store.remove_pod_group(group, key)
-
     def _release(self, key: Key, pods: list[dict[str, Any]]) -> None:
         if pods:
             log.info("%s/%s: releasing %s from Kueue's pod-integration finalizer", *key, ", ".join(_names(pods)))
             self.kube.release_pods(pods)
 
-    def _write_workloads(self, key: Key, writes: list[kueue.WorkloadWrite]) -> None:
-        """The writes in order, each against the version the last one left (the first: the version read). One that
-        finds the Workload changed stops them: the job is decided again on the newer Workload, which its watch
-        brings."""
+    def _write_objects(self, key: Key, writes: list[Write]) -> Exception | None:
+        """The writes of the objects the job owns (its PodGroups, its Workload), in order, each against the version the
+        last one left (the first: the version read). One that finds its object changed stops those of that object: the
+        job is decided again on the newer one, which its watch brings. Another error stops nothing else and is
+        returned: the job's reconcile is retried with its backoff."""
         versions: dict[str, str] = {}
+        changed: set[str] = set()
+        failed: Exception | None = None
         for write in writes:
-            meta = write.workload["metadata"]
+            meta = write.obj["metadata"]
+            if meta["uid"] in changed:
+                continue
             try:
-                written = self.kube.write_workload(write, versions.get(meta["uid"], meta.get("resourceVersion") or ""))
+                written = self.kube.write(write, versions.get(meta["uid"], meta.get("resourceVersion") or ""))
             except Conflict as conflict:
                 log.info("%s/%s: %s; deciding again on the newer one", *key, conflict)
+                changed.add(meta["uid"])
                 self.queue.add(key, NORMAL)
-                return
-            log.info("%s/%s: %s", *key, kueue.describe(write))
-            if written is not None:
+                continue
+            except Exception as error:
+                log.warning("%s/%s: %s failed: %s", *key, write.describe(), error)
+                failed = failed or error
+                continue
+            log.info("%s/%s: %s", *key, write.describe())
+            if write.verb == "delete":
+                self.store.remove_owned(write.obj, key)  # a reconcile before its DELETED event would delete it again
+            elif written is not None:
                 versions[meta["uid"]] = written["metadata"]["resourceVersion"]
-                self.store.put_workload(written)
+                self.store.put_owned(written)
+        return failed
 
     def _create(self, key: Key, plan: Plan) -> Creation:
         self.expectations.expect(key, creations=_names(plan.create))
@@ -316,10 +324,8 @@ class Executor:
         for obj in creation.created:
             if obj.get("kind") == "Pod":
                 self.store.put_pod(key, obj)  # its ADDED event then brings nothing new: no reconcile for it
-            elif obj.get("kind") == "Workload" and str(obj.get("apiVersion")).startswith(f"{kueue.GROUP}/"):
-                self.store.put_workload(obj)
-            elif obj.get("kind") == "PodGroup":
-                self.store.put_pod_group(obj)  # not made again by a reconcile that comes before its ADDED event
+            else:
+                self.store.put_owned(obj)  # not made again by a reconcile that comes before its ADDED event
         creation.created = [o for o in creation.created if o.get("kind") == "Pod"]
         return creation
 

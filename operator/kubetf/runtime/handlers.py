@@ -1,6 +1,6 @@
-"""kopf wiring, and nothing else: watch events of TrainingJobs, of the operator's Workloads and PodGroups, and of
-Kueue's LocalQueues go to the controller. The operator's pods, the most numerous and the most often changed, it
-watches itself (kubetf.cluster.podwatch).
+"""kopf wiring, and nothing else: watch events of TrainingJobs, of what the scheduler integrations made for them
+(kubetf.core.scheduling.RESOURCES: PodGroups, Workloads), and of Kueue's LocalQueues go to the controller. The
+operator's pods, the most numerous and the most often changed, it watches itself (kubetf.cluster.podwatch).
 
 The handlers are async and do no I/O (the controller only updates its cache and queue), so kopf's event loop is
 never blocked; reconciles run on the controller's own threads. The watches of what the operator makes are filtered
@@ -21,7 +21,9 @@ from kubernetes import client
 
 from kubetf.cluster import metrics
 from kubetf.cluster.kube import PAGE_SIZE
-from kubetf.core import api, gang, kueue
+from kubetf.core import api, scheduling
+from kubetf.core.scheduling import workload as kueue
+from kubetf.core.types import Resource
 from kubetf.runtime.controller import Controller
 
 
@@ -121,24 +123,25 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
     async def job_event(event: kopf.RawEvent, **_: Any) -> None:
         controller.job_event(event["type"], event["object"])
 
-    # The jobs' Kueue Workloads and a gang's PodGroups (kubetf.core.gang), of either scheduler: only the operator's
-    # own (a label the API server filters by). kopf watches an API only once the cluster serves it.
+    # What the scheduler integrations make for the jobs (kubetf.core.scheduling.RESOURCES: a gang's PodGroups, the
+    # Workloads): only the operator's own (a label the API server filters by). kopf watches an API only once the
+    # cluster serves it.
     ours = {api.LABEL_MANAGED_BY: api.MANAGER}
-
-    @kopf.on.event(kueue.GROUP, kueue.VERSION, "workloads", labels=ours, registry=registry)
-    async def workload_event(event: kopf.RawEvent, **_: Any) -> None:
-        controller.workload_event(event["type"], event["object"])
-
-    @kopf.on.event(gang.NATIVE_GROUP, gang.NATIVE_VERSION, "podgroups", labels=ours, registry=registry)
-    async def native_pod_group_event(event: kopf.RawEvent, **_: Any) -> None:
-        controller.pod_group_event(event["type"], event["object"])
-
-    @kopf.on.event(gang.VOLCANO_GROUP, gang.VOLCANO_VERSION, "podgroups", labels=ours, registry=registry)
-    async def volcano_pod_group_event(event: kopf.RawEvent, **_: Any) -> None:
-        controller.pod_group_event(event["type"], event["object"])
+    for resource in scheduling.RESOURCES:
+        _watch_owned(registry, controller, resource, ours)
 
     @kopf.on.event(kueue.GROUP, kueue.VERSION, "localqueues", registry=registry)
     async def local_queue_event(event: kopf.RawEvent, **_: Any) -> None:
         controller.local_queue_event(event["type"], event["object"])
 
     return registry
+
+
+def _watch_owned(registry: kopf.OperatorRegistry, controller: Controller, resource: Resource, labels: Any) -> None:
+    async def owned_event(event: kopf.RawEvent, **_: Any) -> None:
+        controller.owned_event(event["type"], event["object"], resource)
+
+    handler = f"{resource.plural}.{resource.group}_event"
+    kopf.on.event(resource.group, resource.version, resource.plural, labels=labels, registry=registry, id=handler)(
+        owned_event
+    )

@@ -1,5 +1,6 @@
-"""What a reconcile reads (kubetf.core.plan.Observed): the job, its pods and its Workloads from the cache the watches
-fill, and from the API what no watch holds: the nodes of pods that may be lost, a LocalQueue not shown yet, the
+"""What a reconcile reads (kubetf.core.plan.Observed): the job, its pods and the objects its scheduler integrations made
+(PodGroups, Workloads) from the cache the watches fill, and from the API what no watch holds: which gang schedulers
+the cluster serves, the nodes of pods that may be lost, a LocalQueue not shown yet, the
 priority class of a job whose Workload is to be made, the ResourceFlavors of an admitted job, and the logs a
 MultiWorkerMirrored group restart asks for (kubetf.core.sigterm). Reads shared by every job (a node, a LocalQueue,
 a class, a flavor) serve a few seconds (OperatorConfig); a node is read by one reconcile at a time."""
@@ -15,12 +16,15 @@ from typing import Any
 
 from kubetf.cluster.cache import Key, Store
 from kubetf.cluster.kube_api import KubeApi
-from kubetf.core import api, gang, kueue, node_loss
+from kubetf.core import api, node_loss, scheduling
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import Failing
 from kubetf.core.plan import Observed
+from kubetf.core.scheduling import kueue, native, volcano
+from kubetf.core.scheduling import workload as wl
 from kubetf.core.sigterm import LogRead, Watched
+from kubetf.core.types import owned_by, uid_of
 from kubetf.runtime.positions import QueuePositions
 from kubetf.runtime.progress.book import ProgressBook
 
@@ -39,7 +43,7 @@ class Observer:
     ) -> None:
         self.kube, self.store, self.positions, self.config, self.clock = kube, store, positions, config, clock
         self.book = book
-        self.discovery: tuple[float, gang.Served | None] = (-math.inf, None)  # (read at, what the cluster serves)
+        self.discovery: tuple[float, scheduling.Served | None] = (-math.inf, None)  # (read at, what the cluster serves)
         self.lock = threading.Lock()
         self.node_states: dict[str, tuple[float, float | None]] = {}  # node -> (read at, lost since or None)
         # A LocalQueue the watch has not shown, read from the API: (namespace, name) -> (read at, Kueue installed,
@@ -51,19 +55,18 @@ class Observer:
     def observe(self, key: Key, sigterm: Mapping[str, Watched], failing: Failing | None = None) -> Observed:
         job, now = self.store.job(key), self.clock()
         pods, foreign = st.split_pods(key[1], self.store.job_pods(key))
-        workloads = self.store.workloads_of(key)
+        owned = self.store.owned_of(key)
         held = self.book.held(key, job["metadata"].get("uid", "")) if job is not None else None
-        wants_gang = job is not None and kueue.managed_here(job) and not (job.get("status") or {}).get("gang")
-        served = self.served(now, gang.policy(job).get("gangScheduler")) if wants_gang and job else gang.Served()
-        own = self._own_workload(job, workloads, pods) if job is not None else None
-        others = [w for w in workloads if own is None or w["metadata"].get("uid") != own["metadata"].get("uid")]
+        wants_gang = job is not None and scheduling.runs_here(job) and not (job.get("status") or {}).get("gang")
+        asked = ((api.run_policy(job).get("schedulingPolicy") or {}).get("gangScheduler")) if job else None
+        served = self.served(now, asked) if wants_gang else scheduling.Served()
+        own = self._own_workload(job, owned, pods) if job is not None else None
         return Observed(
-            job, pods, now, self._lost_nodes(pods, now), self._admission(job, own, now), sigterm, workloads=others,
-            progress=held, failing=failing, foreign=foreign, served=served, pod_groups=self.store.pod_groups_of(key),
-            key=key,
+            job, pods, now, self._lost_nodes(pods, now), self._admission(job, own, now), sigterm, owned=owned,
+            progress=held, failing=failing, foreign=foreign, served=served, key=key,
         )  # fmt: skip
 
-    def served(self, now: float, asked: str | None = None) -> gang.Served:
+    def served(self, now: float, asked: str | None = None) -> scheduling.Served:
         """Which gang schedulers' APIs the cluster serves (discovery, read again every `discovery_seconds`); asked
         only for a job whose gang scheduler is not chosen yet. A job that names a scheduler the last reading did not
         find has it read again first (at most once a second): one installed a moment ago is no reason to refuse
@@ -71,18 +74,18 @@ class Observer:
         with self.lock:
             read_at, known = self.discovery
         missing = known is not None and (
-            (asked == gang.KUBERNETES and not known.kubernetes) or (asked == gang.VOLCANO and not known.volcano)
+            (asked == native.NAME and not known.kubernetes) or (asked == volcano.NAME and not known.volcano)
         )
         if known is None or now - read_at >= (1.0 if missing else self.config.discovery_seconds):
             try:
-                native = self.kube.served_resources(f"{gang.NATIVE_GROUP}/{gang.NATIVE_VERSION}") or set()
-                volcano = self.kube.served_resources(f"{gang.VOLCANO_GROUP}/{gang.VOLCANO_VERSION}") or set()
+                found = self.kube.served_resources(native.POD_GROUPS.api_version) or set()
+                volcano_found = self.kube.served_resources(volcano.POD_GROUPS.api_version) or set()
             except Exception:
                 if known is None:
                     raise  # the job's reconcile is retried: a gang scheduler is never chosen on a guess
                 log.warning("API discovery failed; using what it said %.0fs ago", now - read_at, exc_info=True)
                 return known
-            known = gang.Served(kubernetes="podgroups" in native, volcano="podgroups" in volcano)
+            known = scheduling.Served(kubernetes="podgroups" in found, volcano="podgroups" in volcano_found)
             with self.lock:
                 self.discovery = (now, known)
         return known
@@ -106,27 +109,28 @@ class Observer:
             self.local_queue_reads.pop((namespace, name), None)
 
     def _own_workload(
-        self, job: dict[str, Any], workloads: list[dict[str, Any]], pods: list[dict[str, Any]]
+        self, job: dict[str, Any], owned: list[dict[str, Any]], pods: list[dict[str, Any]]
     ) -> dict[str, Any] | None:
-        """The job's Workload (kubetf.core.kueue.workload_name): its own, or the prebuilt one it adopts. Before a
-        job whose pods run is taken for one without a Workload (its pods would be stopped), the API is asked: the
-        watch may not have shown it yet."""
+        """The job's Workload (kubetf.core.scheduling.workload.workload_name): its own (by uid), or the prebuilt one it
+        adopts. Before a job whose pods run is taken for one without a Workload (its pods would be stopped), the API
+        is asked: the watch may not have shown it yet."""
         if kueue.queue_name(job) is None:
             return None
-        name = kueue.workload_name(job)
-        found = next((w for w in workloads if w["metadata"].get("name") == name), None)
+        name = wl.workload_name(job)
+        found = next((w for w in owned if wl.WORKLOADS.holds(w) and w["metadata"].get("name") == name), None)
         running = any(not st.is_deleting(p) and not st.is_finished(p) for p in pods)
         if found is None and running:
-            found = self.kube.get_workload(api.namespace(job), name)
+            found = self.kube.get_owned(wl.WORKLOADS, api.namespace(job), name)
             if found is not None:
-                self.store.put_workload(found)
+                found = {**found, "apiVersion": wl.WORKLOADS.api_version, "kind": "Workload"}
+                self.store.put_owned(found)
         if found is None:
             return None
-        return found if kueue.owned_by(found, job) or kueue.adoptable(found, job) else None
+        return found if owned_by(found, uid_of(job)) or wl.adoptable(found, job) else None
 
     def _admission(
         self, job: dict[str, Any] | None, workload: dict[str, Any] | None, now: float
-    ) -> kueue.Admission | None:
+    ) -> wl.Admission | None:
         """What Kueue says of a queued job: its LocalQueue, its Workload (watched) and its place in the ClusterQueue
         (kubetf.runtime.positions); with what a Workload to be made needs (its priority) or an admitted one's pods
         (the ResourceFlavors assigned)."""
@@ -139,17 +143,17 @@ class Observer:
         if cluster_queue is None and workload is None:
             installed, cluster_queue = self._read_local_queue(namespace, queue, now)
         if not installed:
-            return kueue.Admission(queue, cluster_queue, installed)
+            return wl.Admission(queue, cluster_queue, installed)
         if workload is None:
             priority = None
-            if cluster_queue is not None and not _stopped(job) and not kueue.prebuilt_name(job):
-                source = kueue.priority_source(job)
-                priority = kueue.priority_of(source, self._read_class(*source, now) if source else None)
-            return kueue.Admission(queue, cluster_queue, installed, priority=priority)
-        admission = kueue.Admission(queue, cluster_queue, installed, workload)
+            if cluster_queue is not None and not _stopped(job) and not wl.prebuilt_name(job):
+                source = wl.priority_source(job)
+                priority = wl.priority_of(source, self._read_class(*source, now) if source else None)
+            return wl.Admission(queue, cluster_queue, installed, priority=priority)
+        admission = wl.Admission(queue, cluster_queue, installed, workload)
         position = self.positions.position(namespace, workload["metadata"]["name"]) if not admission.admitted else None
         flavors: dict[str, dict[str, Any]] = {}
-        if admission.admitted and not _stopped(job) and kueue.managed_here(job):
+        if admission.admitted and not _stopped(job) and scheduling.runs_here(job):
             for name in sorted(kueue.flavors_of(workload)):
                 flavor = self._read_class("ResourceFlavor", name, now)
                 if flavor is None:

@@ -22,8 +22,9 @@ from typing import Any, Protocol
 
 from kubetf.cluster.cache import Key, Store
 from kubetf.cluster.kube import NotServed
-from kubetf.core import api, kueue
+from kubetf.core import api
 from kubetf.core.config import OperatorConfig
+from kubetf.core.scheduling import workload as kueue
 
 log = logging.getLogger("kubetf.runtime.positions")
 

@@ -1,21 +1,6 @@
-"""Kueue's job framework, as kubetf follows it: a TrainingJob is one of Kueue's external frameworks (the protocol of
-Kueue's `pkg/controller/jobframework`, v0.19; docs/kueue.md). Pure functions.
-
-- A job labelled with a LocalQueue (`kueue.x-k8s.io/queue-name`) gets one Workload, made by the operator and owned
-  by the job: one PodSet per role (its count, the template of its pods as the operator would create them), the
-  job's priority (a WorkloadPriorityClass from the label `kueue.x-k8s.io/priority-class`, else its PriorityClass),
-  the finalizer `kueue.x-k8s.io/resource-in-use`. No pod exists until Kueue admits it (`Admitted=True`).
-- Admitted, its pods are created with what the admission assigned to each PodSet merged in (the flavors' node labels
-  and tolerations, the admission checks' updates, Kueue's labels and annotations, a topology gate).
-- Kueue evicts it (preemption, a PodsReady timeout, a deactivation, its Workload deleted): every pod goes, as one
-  disruption; once none runs, the operator gives the quota back (the reservation cleared, `Requeued` set) and the
-  job waits in its queue again. The operator's own restarts (a failure, a lost worker) keep the admission.
-- `PodsReady` says whether all of the job's pods run and are ready; the job's end finishes the Workload at once
-  (its quota released), then its finalizer goes. A suspended job's Workload is deactivated (`spec.active`).
-- MultiKueue: a job with `spec.managedBy: kueue.x-k8s.io/multikueue` gets its Workload on the manager cluster and no
-  pod there (Kueue copies it to a worker cluster and its status back: `dispatched`); the worker's copy names the
-  Workload Kueue made for it (`kueue.x-k8s.io/prebuilt-workload-name`), which the operator there adopts instead of
-  making one.
+"""Kueue's Workload, as kubetf makes and writes it for a TrainingJob (the protocol of Kueue's `pkg/controller/
+jobframework`, v0.19; docs/kueue.md), pure: its name, its PodSets and priority, what Kueue says of it (`Admission`),
+and the job's writes of its status. The integration that uses it is kubetf.core.scheduling.kueue.
 
 The Workload's status is written as Kueue's own job controllers write it with `WorkloadRequestUseMergePatch`: a merge
 patch of the status subresource with the resourceVersion read (the whole list of conditions: a merge patch replaces
@@ -24,18 +9,15 @@ lists), conditions set as metav1's SetStatusCondition sets them.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubetf.core import api
-from kubetf.core.api import Job
 from kubetf.core.status import format_time
+from kubetf.core.types import Job, Obj, Pod, Resource, Write, controller_of, owned_by, uid_of
 
-Pod = dict[str, Any]
 Workload = dict[str, Any]
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -60,22 +42,9 @@ SPEC_HASH_ANNOTATION = "kubetf.io/workload-spec-hash"
 POD_FINALIZER = "kueue.x-k8s.io/managed"
 MAX_MESSAGE = 32 * 1024
 
-# spec.managedBy: unset or ours means this operator; MultiKueue dispatches the job to a worker cluster instead.
-MANAGED_BY_OPERATOR = "kubetf.io/operator"
-MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
-
 
 def queue_name(job: Job) -> str | None:
     return ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL) or None
-
-
-def managed_here(job: Job) -> bool:
-    return (job.get("spec") or {}).get("managedBy") in (None, "", MANAGED_BY_OPERATOR)
-
-
-def dispatched(job: Job) -> bool:
-    """MultiKueue runs the job on a worker cluster: here only its Workload."""
-    return (job.get("spec") or {}).get("managedBy") == MANAGED_BY_MULTIKUEUE
 
 
 def prebuilt_name(job: Job) -> str | None:
@@ -94,35 +63,6 @@ def workload_name_for(name: str, uid: str, kind: str = api.KIND, group: str = ap
     """Kueue's GenerateWorkloadNameWithExtra without an extra, its ShortWorkloadNames gate off (the default)."""
     digest = hashlib.sha1(f"{kind}\n{group}\n{name}\n{uid}".encode()).hexdigest()[:5]
     return f"{(kind.lower() + '-' + name)[: 253 - 1 - 5]}-{digest}"
-
-
-def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
-    owners = [o for o in (obj.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")]
-    return owners[0] if owners else None
-
-
-def owned_by(workload: Workload, job: Job) -> bool:
-    owner = controller_of(workload)
-    return owner is not None and owner.get("uid") == job["metadata"].get("uid")
-
-
-def orphans(workloads: list[Workload], job: Job | None, name: str) -> list[Workload]:
-    """Workloads of a TrainingJob of this name that is gone (`job` None, or another incarnation now): Kueue's
-    FinalizeOrphanedWorkload finishes them (OwnerNotFound, their quota released) and drops their finalizer. Only
-    those whose controller is provably such a job: a TrainingJob of this name, of another uid."""
-    uid = job["metadata"].get("uid") if job is not None else None
-    found = []
-    for workload in workloads:
-        owner = controller_of(workload) or {}
-        if (
-            owner.get("kind") != api.KIND
-            or owner.get("name") != name
-            or not str(owner.get("apiVersion", "")).startswith(f"{api.GROUP}/")
-        ):
-            continue
-        if owner.get("uid") != uid:
-            found.append(workload)
-    return found
 
 
 # ---------------------------------------------------------------------- the Workload the operator makes
@@ -172,6 +112,12 @@ def pod_sets(job: Job, templates: dict[str, Pod]) -> list[dict[str, Any]]:
 
 def _spec_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def spec_hash(job: Job, templates: dict[str, Pod]) -> str:
+    """The hash of the Workload spec the job asks for now (its queue and PodSets): what the Workload records
+    (`SPEC_HASH_ANNOTATION`), so a changed job is seen without comparing templates the API server has defaulted."""
+    return _spec_hash({"queueName": queue_name(job), "podSets": pod_sets(job, templates)})
 
 
 def desired_workload(job: Job, templates: dict[str, Pod], priority: Priority) -> Workload:
@@ -233,7 +179,7 @@ def adoption(workload: Workload, job: Job) -> dict[str, Any] | None:
 def adoptable(workload: Workload, job: Job) -> bool:
     """The job's prebuilt Workload, not another object's."""
     owner = controller_of(workload)
-    return workload["metadata"].get("name") == prebuilt_name(job) and (owner is None or owned_by(workload, job))
+    return workload["metadata"].get("name") == prebuilt_name(job) and (owner is None or owned_by(workload, uid_of(job)))
 
 
 # ---------------------------------------------------------------------- what Kueue says of it
@@ -368,98 +314,6 @@ def waits_for_admission(admission: Admission | None) -> bool:
     return admission is not None and admission.installed and not admission.admitted
 
 
-# ---------------------------------------------------------------------- admitted: what each pod gets
-
-
-@dataclass
-class PodSetInfo:
-    """What an admission gives the pods of a PodSet (Kueue's podset.PodSetInfo, without Count and Affinity, which
-    its Merge does not apply either)."""
-
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    scheduling_gates: list[dict[str, str]] = field(default_factory=list)
-
-
-def flavors_of(workload: Workload | None) -> set[str]:
-    """The ResourceFlavors the admission assigned (their node labels and tolerations go on the pods)."""
-    assignments = (((workload or {}).get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
-    return {name for a in assignments for name in (a.get("flavors") or {}).values()}
-
-
-def pod_set_infos(admission: Admission) -> dict[str, PodSetInfo]:
-    """Each role's PodSetInfo from the admission (getPodSetsInfoFromStatus): paired with the Workload's PodSets by
-    index; the flavors' node labels and tolerations; Kueue's labels and annotations; the admission checks' updates."""
-    workload = admission.workload or {}
-    status, spec = workload.get("status") or {}, workload.get("spec") or {}
-    assignments = (status.get("admission") or {}).get("podSetAssignments") or []
-    infos: dict[str, PodSetInfo] = {}
-    for pod_set, assignment in zip(spec.get("podSets") or [], assignments, strict=False):
-        info = PodSetInfo()
-        for name in sorted(set((assignment.get("flavors") or {}).values())):
-            flavor = (admission.flavors.get(name) or {}).get("spec") or {}
-            info.node_selector |= flavor.get("nodeLabels") or {}
-            info.tolerations += [t for t in flavor.get("tolerations") or [] if t not in info.tolerations]
-        if assignment.get("topologyAssignment") is not None:
-            info.scheduling_gates.append({"name": TOPOLOGY_GATE})
-            if not _topology_requested(pod_set):
-                info.annotations[UNCONSTRAINED_TOPOLOGY] = "true"
-        info.annotations[WORKLOAD_ANNOTATION] = workload["metadata"]["name"]
-        info.labels[PODSET_LABEL] = pod_set["name"]
-        if ((workload.get("metadata") or {}).get("labels") or {}).get(ORIGIN_LABEL):
-            info.labels[WORKER_POD_LABEL] = "true"
-        info.labels[LOCAL_QUEUE_LABEL] = admission.local_queue
-        if admission.cluster_queue and len(admission.cluster_queue) <= 63:
-            info.labels[CLUSTER_QUEUE_LABEL] = admission.cluster_queue
-        for check in status.get("admissionChecks") or []:
-            for update in check.get("podSetUpdates") or []:
-                if update.get("name") == pod_set["name"]:
-                    info.labels |= update.get("labels") or {}
-                    info.annotations |= update.get("annotations") or {}
-                    info.node_selector |= update.get("nodeSelector") or {}
-                    info.tolerations += [t for t in update.get("tolerations") or [] if t not in info.tolerations]
-        infos[pod_set["name"]] = info
-    return infos
-
-
-def _topology_requested(pod_set: dict[str, Any]) -> bool:
-    annotations = ((pod_set.get("template") or {}).get("metadata") or {}).get("annotations") or {}
-    return any(k.startswith("kueue.x-k8s.io/podset-") and k.endswith("-topology") for k in annotations)
-
-
-def apply(pod: Pod, info: PodSetInfo | None) -> None:
-    """Merge a PodSetInfo into a pod (podset.Merge): labels, annotations, node selector, tolerations, gates."""
-    if info is None:
-        return
-    meta, spec = pod["metadata"], pod["spec"]
-    meta["labels"] = {**(meta.get("labels") or {}), **info.labels}
-    meta["annotations"] = {**(meta.get("annotations") or {}), **info.annotations}
-    if info.node_selector:
-        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **info.node_selector}
-    if info.tolerations:
-        tolerations = spec.setdefault("tolerations", [])
-        tolerations += [copy.deepcopy(t) for t in info.tolerations if t not in tolerations]
-    if info.scheduling_gates:
-        gates = spec.setdefault("schedulingGates", [])
-        gates += [g for g in info.scheduling_gates if g not in gates]
-
-
-# ---------------------------------------------------------------------- the job's part of the Workload's status
-
-
-def inactive(pods: list[Pod], lost_nodes: Collection[str]) -> bool:
-    """None of the job's pods runs (Kueue's `!job.IsActive()`): every one finished, never placed on a node, or on
-    a node that is gone."""
-    for pod in pods:
-        phase = (pod.get("status") or {}).get("phase")
-        node = (pod.get("spec") or {}).get("nodeName")
-        if phase not in ("Succeeded", "Failed") and node and node not in lost_nodes:
-            return False
-    return True
-
-
 def _set(conditions: list[dict[str, Any]], new: dict[str, Any], now: float, generation: int | None) -> None:
     """metav1's SetStatusCondition: lastTransitionTime moves only when the status does."""
     new = {**new, "message": str(new.get("message") or "")[:MAX_MESSAGE]}
@@ -531,6 +385,16 @@ class StatusWrite:
         if self._has("Finished") != "True":
             self._set({"type": "Finished", "status": "True", "reason": reason, "message": message})
 
+    def summary(self) -> str:
+        """What the write changes, for the operator's log."""
+        before = {c.get("type"): (c.get("status"), c.get("reason")) for c in (self.before.get("status") or {}).get(
+            "conditions") or []}  # fmt: skip
+        changed = [f"{c['type']}={c['status']} ({c.get('reason')})" for c in self.conditions
+                   if before.get(c["type"]) != (c.get("status"), c.get("reason"))]  # fmt: skip
+        if self.clear_admission:
+            changed.append("admission cleared (quota given back)")
+        return ", ".join(changed)
+
     @property
     def patch(self) -> dict[str, Any] | None:
         """The merge patch of the status subresource; None when nothing changed."""
@@ -557,56 +421,75 @@ def finalized(workload: Workload) -> bool:
     return FINALIZER in ((workload.get("metadata") or {}).get("finalizers") or [])
 
 
-@dataclass(frozen=True)
-class WorkloadWrite:
-    """One write of a Workload: `part` is `status` (a merge patch of the status subresource), `object` (a merge
-    patch of its metadata and spec), or `unfinalize` (the finalizer removed, `patch` unused). The shell adds the
-    resourceVersion read (the Workload's, then each write's answer's): a write never lands on a newer version."""
-
-    workload: Workload
-    part: str
-    patch: dict[str, Any] = field(default_factory=dict)
-
-
-def goodbye(workload: Workload, reason: str, message: str, now: float) -> list[WorkloadWrite]:
+def goodbye(workload: Workload, reason: str, message: str, now: float) -> list[Write]:
     """A Workload whose job is done with it: finished (its quota released), then its finalizer removed."""
     writes = []
     status = StatusWrite(workload, now)
     status.finish(reason, message)
     if status.patch is not None:
-        writes.append(WorkloadWrite(workload, "status", status.patch))
+        writes.append(Write(workload, "status", status.patch, why=f"Finished: {reason}"))
     if finalized(workload):
-        writes.append(WorkloadWrite(workload, "unfinalize"))
+        writes.append(Write(workload, "unfinalize", finalizer=FINALIZER, why="its job is done with it"))
     return writes
 
 
-# ---------------------------------------------------------------------- pods of the pod integration
+def slim(workload: Obj) -> Obj:
+    """What the decisions read of a Workload: identity, owners, labels and finalizers; its activation, queue and
+    PodSets (names, counts, topology requests); its conditions (all of them: a status write sends the whole list
+    back), admission (flavors, topology), admission checks and the cluster MultiKueue dispatched it to."""
+    meta = workload.get("metadata") or {}
+    kept_meta = ("name", "namespace", "uid", "generation", "deletionTimestamp", "finalizers", "ownerReferences")
+    slim_meta: Obj = {k: meta[k] for k in kept_meta if k in meta}
+    slim_meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if k in (api.LABEL_JOB, ORIGIN_LABEL)}
+    spec_hash = (meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+    if spec_hash:
+        slim_meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash}
+    spec = workload.get("spec") or {}
+    pod_sets_ = []
+    for pod_set in spec.get("podSets") or []:
+        annotations = ((pod_set.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+        topology = {k: v for k, v in annotations.items() if k.startswith("kueue.x-k8s.io/podset-")}
+        slim_set: Obj = {"name": pod_set.get("name"), "count": pod_set.get("count")}
+        if topology:
+            slim_set["template"] = {"metadata": {"annotations": topology}}
+        pod_sets_.append(slim_set)
+    slim_spec = {k: spec[k] for k in ("active", "queueName") if k in spec} | {"podSets": pod_sets_}
+    status = workload.get("status") or {}
+    slim_status: Obj = {"conditions": list(status.get("conditions") or [])}
+    assignments = (status.get("admission") or {}).get("podSetAssignments")
+    if assignments is not None:
+        slim_status["admission"] = {
+            "podSetAssignments": [
+                {k: a[k] for k in ("name", "flavors", "count", "topologyAssignment") if k in a} for a in assignments
+            ]
+        }
+    for key in ("admissionChecks", "clusterName"):
+        if status.get(key):
+            slim_status[key] = status[key]
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Workload", "metadata": slim_meta, "spec": slim_spec,
+            "status": slim_status}  # fmt: skip
 
 
-def legacy_held(pod: Pod, lost_nodes: Collection[str]) -> bool:
-    """A pod created under Kueue's pod integration (before this operator made Workloads), deleted, running nothing
-    (finished, never placed, or on a node that is gone), kept only by that integration's finalizer."""
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    if not meta.get("deletionTimestamp") or POD_FINALIZER not in (meta.get("finalizers") or []):
-        return False
-    node = (pod.get("spec") or {}).get("nodeName")
-    return status.get("phase") in ("Succeeded", "Failed") or not node or node in lost_nodes
+WORKLOADS = Resource(GROUP, VERSION, "workloads", "Workload", slim, urgent=True)
 
 
-def describe(write: WorkloadWrite) -> str:
-    """What a write does, for the operator's log."""
-    name = write.workload["metadata"]["name"]
-    if write.part == "unfinalize":
-        return f"Workload {name}: finalizer {FINALIZER} removed"
-    if write.part == "object":
-        return f"Workload {name}: {json.dumps(write.patch, sort_keys=True)[:300]}"
-    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in (write.workload.get("status") or {}).get(
-        "conditions") or []}  # fmt: skip
-    changed = [
-        f"{c['type']}={c['status']} ({c.get('reason')})"
-        for c in write.patch["status"].get("conditions") or []
-        if before.get(c["type"]) != (c.get("status"), c.get("reason"))
-    ]
-    if "admission" in write.patch["status"]:
-        changed.append("admission cleared (quota given back)")
-    return f"Workload {name}: {', '.join(changed)}"
+def previous(workloads: list[Obj], job: Job | None, name: str) -> list[Obj]:
+    """Workloads of a TrainingJob of this name that is gone (`job` None, or another incarnation now): Kueue's
+    FinalizeOrphanedWorkload finishes them (OwnerNotFound, their quota released) and drops their finalizer. Only
+    those whose controller is provably such a job: a TrainingJob of this name, of another uid. One owned by nothing
+    or by anything else is never touched, whatever its labels."""
+    uid = uid_of(job) if job is not None else None
+    found = []
+    for workload in workloads:
+        owner = controller_of(workload) or {}
+        if (
+            workload.get("kind") == "Workload"
+            and str(workload.get("apiVersion", "")).startswith(f"{GROUP}/")
+            and owner.get("kind") == api.KIND
+            and owner.get("name") == name
+            and str(owner.get("apiVersion", "")).startswith(f"{api.GROUP}/")
+            and owner.get("uid")
+            and owner.get("uid") != uid
+        ):
+            found.append(workload)
+    return found
