@@ -389,3 +389,160 @@ def test_volcanos_stale_unschedulable_beside_a_newer_scheduled_says_nothing():
     scheduled = {"type": "Scheduled", "status": "True", "lastTransitionTime": "2026-11-25T10:00:05Z"}
     group["status"]["conditions"].append(scheduled)
     assert gangs.group_words(group) is None
+
+
+def pod_group_of_pod(pod):
+    return gangs.pod_group_of(pod)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["kubernetes", "volcano"])
+def test_lone_restarts_that_come_to_cover_every_training_task_keep_joining_the_running_gang(native):
+    """Issue 46: after the ps (with its chief), then each worker, every training task is on its second attempt;
+    the next lone replacement (the ps again) must still join the PodGroup its running peers are in, never a new
+    gang whose quorum it alone can never meet."""
+    document = ps() if native else ps(gangScheduler="Volcano")
+    sim = cluster(document, native=native, volcano=not native)
+    sim.step()
+    place(sim)
+    sim.step()
+    for lost in ("mnist-ps-0", "mnist-worker-0", "mnist-worker-1", "mnist-ps-0"):
+        sim.evict(lost)
+        sim.step()
+        sim.gone()
+        sim.step()
+        place(sim)
+        sim.step()
+        assert sim.status["phase"] == "Running", (lost, sim.status)
+        assert sim.status["gang"]["generation"] == 0
+        assert {pod_group_of_pod(p) for p in sim.pods.values()} == {g(sim, 0)}, lost
+        assert set(groups(sim)) == {g(sim, 0)}
+    assert sim.status["restarts"]["disruptions"] == 4
+    assert all(sim.attempt(name) != "0" for name in sim.pods)  # every task restarted at least once
+
+
+def test_a_whole_group_restart_after_lone_ones_is_the_next_generation_and_leaves_at_most_two_groups():
+    sim = cluster(mwms(), native=True)
+    sim.step()
+    place(sim)
+    sim.step()
+    for generation in range(1, 6):  # 5 group restarts (a worker lost each time)
+        sim.evict("mnist-worker-1")
+        sim.step()
+        assert len(groups(sim)) <= 2
+        sim.gone()
+        sim.step()
+        place(sim)
+        sim.step()
+        assert sim.status["gang"]["generation"] == generation
+        assert set(groups(sim)) == {g(sim, generation)}, generation
+
+
+def test_kubernetes_gang_takes_the_priority_class_its_templates_name_when_the_job_names_none():
+    """Issue 46: kube-scheduler refuses a group whose pods' priority differs from the group's: the PodGroup and its
+    Workload template get the class every training template names."""
+    document = mwms()
+    for spec in document["spec"]["replicaSpecs"].values():
+        spec["template"]["spec"]["priorityClassName"] = "research"
+    sim = cluster(document, native=True)
+    sim.step()
+    assert sim.status["gang"]["scheduler"] == native.NAME
+    assert groups(sim)[g(sim, 0)]["spec"]["priorityClassName"] == "research"
+    workload = sim.api.others[("Workload", native.workload_name(sim.job))]
+    assert workload["spec"]["podGroupTemplates"][0]["priorityClassName"] == "research"
+    assert {p["spec"]["priorityClassName"] for p in sim.pods.values()} == {"research"}
+
+
+def test_templates_of_different_priority_classes_are_never_put_in_one_kubernetes_gang():
+    document = mwms()
+    document["spec"]["replicaSpecs"]["chief"]["template"]["spec"]["priorityClassName"] = "high"
+    sim = cluster(document, native=True)  # Auto: not Kubernetes' gang, which would refuse the group for good
+    sim.step()
+    assert sim.status["gang"]["scheduler"] == "None" and groups(sim) == {}
+    explicit = mwms(gangScheduler="Kubernetes")
+    explicit["spec"]["replicaSpecs"]["chief"]["template"]["spec"]["priorityClassName"] = "high"
+    sim = cluster(explicit, native=True)
+    sim.step()
+    assert (sim.status["phase"], sim.status["reason"]) == ("Failed", "GangSchedulerUnavailable")
+    assert "set spec.priorityClassName" in sim.condition()["message"] and sim.pods == {}
+
+
+@pytest.mark.parametrize("kubernetes", [True, False], ids=["kubernetes", "volcano"])
+def test_a_job_created_again_under_its_name_never_joins_the_old_jobs_podgroup(kubernetes):
+    """Issue 46: the old job's PodGroup outlives it while its pods terminate (its protection finalizer); the new job
+    makes and uses groups of its own, named for its uid, and never touches the old one."""
+    document = mwms() if kubernetes else mwms(gangScheduler="Volcano")
+    sim = cluster(document, native=kubernetes, volcano=not kubernetes)
+    sim.step()
+    old = sim.job
+    old_group = g(sim, 0)
+    sim.api.delete_job(*sim.key)  # the old PodGroup stays (the fake API collects no garbage)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    for name in list(sim.pods):
+        sim.api.remove_pod(name)
+    smaller = mwms() if kubernetes else mwms(gangScheduler="Volcano")
+    smaller["spec"]["replicaSpecs"]["worker"]["replicas"] = 1
+    sim.api.add_job(smaller)
+    sim.step()
+    assert sim.job["metadata"]["uid"] != old["metadata"]["uid"]
+    assert g(sim, 0) != old_group and old_group in groups(sim)  # the old one untouched
+    mine = groups(sim)[g(sim, 0)]
+    assert mine["metadata"]["ownerReferences"][0]["uid"] == sim.job["metadata"]["uid"]
+    assert {pod_group_of_pod(p) for n, p in sim.pods.items() if "evaluator" not in n} == {g(sim, 0)}
+    if kubernetes:
+        assert mine["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+        assert native.workload_name(sim.job) != native.workload_name(old)
+
+
+def test_a_schedulers_transient_error_is_no_reason_to_say_a_gang_waits():
+    """Issue 46, what `make demo` showed a newcomer: `SchedulerError: error in "DynamicResources" PodGroupPostFilter
+    plugins: not found` on the PodGroup of a gang placed a second later is not GangWaiting, nor a Warning."""
+    sim = cluster(mwms(), native=True)
+    sim.step()
+    transient = 'error in "DynamicResources" PodGroupPostFilter plugins: not found'
+    group_says(sim, g(sim, 0), {"type": "PodGroupInitiallyScheduled", "status": "False", "reason": "SchedulerError",
+                                "message": transient})  # fmt: skip
+    sim.step()
+    assert sim.status["reason"] == "PodsStarting"
+    assert [(t, r) for t, r, _ in sim.api.recorded if t == "Warning"] == []
+    place(sim)
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    assert [(t, r) for t, r, _ in sim.api.recorded if t == "Warning"] == []
+
+
+def test_gang_waiting_is_a_normal_event():
+    sim = cluster(mwms(), native=True)
+    sim.step()
+    sim.step()  # its pods exist: the gang waits from now
+    sim.step(advance=30)  # past the scheduling grace: worth saying
+    assert sim.status["reason"] == "GangWaiting"
+    assert ("Normal", "GangWaiting") in [(t, r) for t, r, _ in sim.api.recorded]
+    assert "GangWaiting" not in [r for t, r, _ in sim.api.recorded if t == "Warning"]
+
+
+def test_the_startup_timeout_never_counts_while_a_gang_is_not_placed_even_before_its_wait_is_said():
+    """Issue 46: startupTimeoutSeconds shorter than the scheduling grace (30 s) ran out before GangWaiting was said."""
+    document = mwms()
+    document["spec"]["runPolicy"]["startupTimeoutSeconds"] = 10
+    sim = cluster(document, native=True)
+    sim.step()
+    place(sim, "mnist-evaluator-0")
+    sim.step(advance=20)  # past the startup timeout, inside the grace: the gang is the schedule timeout's
+    assert sim.status["phase"] == "Pending" and sim.status["reason"] == "PodsStarting", sim.status
+    place(sim, "mnist-chief-0", "mnist-worker-0", "mnist-worker-1", "mnist-worker-2")
+    sim.step()
+    assert sim.status["phase"] == "Running"
+
+
+def test_a_job_whose_training_runs_while_its_evaluator_waits_says_running_and_why_the_evaluator_waits():
+    sim = cluster(mwms(), native=True)
+    sim.step()
+    place(sim, "mnist-chief-0", "mnist-worker-0", "mnist-worker-1", "mnist-worker-2")
+    unschedulable(sim, "mnist-evaluator-0", "Unschedulable", NO_ROOM)
+    sim.step(advance=31)
+    assert (sim.status["phase"], sim.status["reason"]) == ("Running", "EvaluatorPending")
+    assert NO_ROOM in sim.condition()["message"] and "the training runs" in sim.condition()["message"]
+    place(sim, "mnist-evaluator-0")
+    sim.step()
+    assert (sim.status["phase"], sim.status["reason"]) == ("Running", "AllPodsRunning")

@@ -7,6 +7,7 @@ import pytest
 
 from kubetf.core import api, builders, types
 from kubetf.core import status as st
+from kubetf.core.failing import Failing
 from kubetf.core.scheduling import multikueue
 from kubetf.core.scheduling import workload as kueue
 
@@ -711,3 +712,142 @@ def test_replicas_of_a_job_are_counted_in_its_pod_sets():
     document = api.with_defaults(queued(job(chief=replica(1), worker=replica(3))))
     templates = {r: builders.desired_pod(document, r, 0) for r in api.replica_specs(document)}
     assert [(p["name"], p["count"]) for p in kueue.pod_sets(document, templates)] == [("chief", 1), ("worker", 3)]
+
+
+# ---------------------------------------------------------------------- issue 46: what the seam fixed
+
+
+def test_kueues_preemption_never_fails_a_job_for_its_max_disruptions():
+    """Issue 46: docs/kueue.md promises a disruption, never a failure; maxDisruptions caps the restarts a job's own
+    pods cause, not the times a queue takes the whole job back."""
+    document = queued(mwms_job())
+    document["spec"]["runPolicy"]["maxDisruptions"] = 0
+    sim = admitted_and_running(document)
+    kueue_evicts(sim)
+    sim.step()
+    assert sim.status["phase"] == "Queued" and sim.status["restarts"]["disruptions"] == 1
+    sim.gone()
+    sim.step()
+    admit(sim)
+    sim.step()
+    run(sim)
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    sim.evict("mnist-worker-0")  # one of its own pods: that one the cap counts
+    sim.step()
+    assert (sim.status["phase"], sim.status["reason"]) == ("Failed", "MaxDisruptionsExceeded")
+
+
+def test_no_pod_is_made_for_an_admission_that_no_longer_matches_the_job():
+    """Issue 46 (Kueue's EquivalentToWorkload): suspended, resized and resumed in one apply, the job must not run more
+    pods than Kueue admitted: its quota goes back, its Workload follows the job, and Kueue admits it anew."""
+    sim = kueue_sim(queued(mwms_job()))
+    sim.step()
+    admit(sim)
+    sim.job["spec"]["replicaSpecs"]["worker"]["replicas"] = 4  # before the operator made a pod of the admission
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert sim.pods == {} and sim.status["phase"] == "Queued"
+    assert "WorkloadChanged" in sim.condition()["message"]
+    workload = sim.api.workload()
+    assert "admission" not in workload["status"]  # the quota given back: the spec may follow now
+    sim.step()
+    workload = sim.api.workload()
+    assert [p["count"] for p in workload["spec"]["podSets"]] == [1, 4]
+    admit(sim)
+    sim.step()
+    assert len(sim.pods) == 5
+
+
+def test_a_running_job_whose_admission_no_longer_matches_stops_once_and_is_admitted_anew():
+    sim = admitted_and_running(queued(mwms_job()))
+    sim.job["spec"]["replicaSpecs"]["worker"]["replicas"] = 1
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert all("deletionTimestamp" in p["metadata"] for p in sim.pods.values())
+    assert "WorkloadChanged" in sim.status["restarts"]["lastReason"]
+    sim.gone()
+    sim.step()
+    sim.step()
+    assert [p["count"] for p in sim.api.workload()["spec"]["podSets"]] == [1, 1]
+    admit(sim)
+    sim.step()
+    assert len(sim.pods) == 2
+
+
+def test_a_workload_the_job_owns_for_a_queue_label_since_removed_gives_its_quota_back_when_the_job_ends():
+    """Issue 46: the label removed from an admitted job (where no admission policy stopped it) left its Workload
+    QuotaReserved and Admitted after the job ended, the ClusterQueue's quota held until the job was deleted."""
+    sim = admitted_and_running(queued(mwms_job()))
+    del sim.job["metadata"]["labels"][kueue.QUEUE_LABEL]
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert sim.status["phase"] == "Running"  # it runs on, as it was
+    sim.exit("mnist-chief-0", 0)
+    sim.step()
+    assert sim.status["phase"] == "Succeeded"
+    workload = sim.api.workload()
+    assert conditions(workload)["Finished"]["status"] == "True"
+    assert kueue.FINALIZER not in workload["metadata"]["finalizers"]
+
+
+def test_a_workload_labelled_for_the_job_but_owned_by_nothing_is_never_touched():
+    """Issue 46: a Workload is a job's only by its controller reference, never by the labels anyone can copy."""
+    sim = kueue_sim(queued(mwms_job()))
+    stray = {
+        "apiVersion": f"{kueue.GROUP}/{kueue.VERSION}", "kind": "Workload",
+        "metadata": {"name": "made-by-hand", "namespace": sim.key[0], "uid": "w-hand", "resourceVersion": "1",
+                     "finalizers": [kueue.FINALIZER],
+                     "labels": {api.LABEL_MANAGED_BY: api.MANAGER, api.LABEL_JOB: "mnist"}},
+        "spec": {"podSets": []},
+        "status": {"conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted", "message": ""}]},
+    }  # fmt: skip
+    sim.api.kueue["workloads"]["made-by-hand"] = stray
+    sim.step()
+    sim.api.delete_job(*sim.key)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert "Finished" not in conditions(stray) and stray["metadata"]["finalizers"] == [kueue.FINALIZER]
+
+
+def test_a_multikueue_job_without_a_queue_label_says_nothing_will_dispatch_it():
+    document = mwms_job()
+    document["spec"]["managedBy"] = multikueue.MANAGED_BY
+    sim = kueue_sim(document)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert (sim.status["phase"], sim.status["reason"]) == ("Pending", "NotDispatched")
+    assert "no label kueue.x-k8s.io/queue-name" in sim.condition()["message"] and sim.pods == {}
+    assert [r for t, r, _ in sim.api.recorded if t == "Warning"] == ["NotDispatched"]
+    sim.controller.reconcile(sim.key)
+    assert [r for _, r, _ in sim.api.recorded].count("NotDispatched") == 1  # said once
+
+
+def test_a_multikueue_job_admitted_without_a_multikueue_check_says_so():
+    document = queued(mwms_job())
+    document["spec"]["managedBy"] = multikueue.MANAGED_BY
+    sim = kueue_sim(document)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert "status" not in sim.job
+    admit(sim)  # by a ClusterQueue without a MultiKueue admission check: no worker cluster is named
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    assert (sim.status["phase"], sim.status["reason"]) == ("Pending", "NotDispatched")
+    assert "has no MultiKueue admission check" in sim.condition()["message"]
+
+
+def test_the_manager_never_writes_a_dispatched_jobs_status_even_when_its_reconciles_fail():
+    """Issue 46: the manager's ReconcileError and Kueue's copy of the worker's status were two writers."""
+    document = queued(mwms_job())
+    document["spec"]["managedBy"] = multikueue.MANAGED_BY
+    sim = kueue_sim(document)
+    sim.api.deliver(sim.controller)
+    sim.controller.reconcile(sim.key)
+    admit(sim, cluster="worker1")
+    sim.job["status"] = {"phase": "Running"}  # Kueue's copy of the worker's
+    sim.api.update_job(sim.key)
+    sim.api.deliver(sim.controller)
+    writes = sim.api.calls.count("patch status")
+    sim.controller.executor.report_failing(sim.key, Failing(5, "boom"), sim.now)
+    assert sim.api.calls.count("patch status") == writes and sim.status == {"phase": "Running"}

@@ -36,8 +36,8 @@ def decide(seen: Observed, config: OperatorConfig) -> Plan | Bookkeeping:
 def farewell(seen: Observed) -> Bookkeeping:
     """A job that is gone, or being deleted: what its schedulers still hold of it let go (its Workloads finished,
     pods an older integration still holds released)."""
-    writes = scheduling.farewell(seen.owned, None, seen.key[1], seen.now)
-    return Bookkeeping(writes=writes, release=scheduling.released(seen.pods, seen.lost_nodes))
+    remains = scheduling.Remains(seen.owned, seen.pods, None, seen.key[1], seen.now, lost_nodes=seen.lost_nodes)
+    return Bookkeeping(writes=scheduling.farewell(remains), release=scheduling.released(seen.pods, seen.lost_nodes))
 
 
 def elsewhere(seen: Observed, config: OperatorConfig) -> Bookkeeping:
@@ -49,11 +49,13 @@ def elsewhere(seen: Observed, config: OperatorConfig) -> Bookkeeping:
     status = copy.deepcopy(stored)
     integrations = scheduling.of(job, stored)
     situation = scheduling.Situation(job, status, [], {}, seen.owned, seen.now, config, seen.admission)
-    if status.get("phase") in st.FINISHED:
+    ended = status.get("phase") in st.FINISHED
+    remains = scheduling.Remains(seen.owned, seen.pods, job, api.name(job), seen.now, ended, seen.lost_nodes)
+    if ended:
         writes = [w for i in integrations for w in i.finish(situation)]
-        return Bookkeeping(writes=writes + scheduling.farewell(seen.owned, job, api.name(job), seen.now))
+        return Bookkeeping(writes=writes + scheduling.farewell(remains))
     placing = scheduling.placing(integrations, situation)
-    book = Bookkeeping(create=placing.create, writes=placing.writes)
+    book = Bookkeeping(create=placing.create, writes=scheduling.farewell(remains) + placing.writes)
     gate = scheduling.gate(integrations, situation)
     if gate is not None and gate.warning:
         before = st.current_condition(status) or {}
@@ -76,6 +78,10 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
     decision = Decision(result.job, status, seen.now, result, config, owned=seen.owned, pods=seen.pods,
                         lost_nodes=dict(seen.lost_nodes))  # fmt: skip
     stale, objects = _decide(decision, seen)
+    ended = status.get("phase") in st.FINISHED
+    remains = scheduling.Remains(seen.owned, seen.pods, result.job, api.name(result.job), seen.now, ended,
+                                 seen.lost_nodes)  # fmt: skip
+    result.writes = scheduling.farewell(remains) + result.writes
     _training(result, seen, config)
     if seen.failing is None:  # its failures' condition, cleared (it is set where they happen: runtime.controller)
         failing.mark(status, None, config.reconcile_error_after, seen.now)

@@ -30,10 +30,10 @@ from typing import Any
 
 from kubetf.core import api
 from kubetf.core.scheduling import gangs, kueue, multikueue, native, volcano
-from kubetf.core.scheduling.seam import Gate, Integration, Placing, Served, Situation, Task
-from kubetf.core.types import Job, Obj, Pod, Resource, Write
+from kubetf.core.scheduling.seam import Gate, Integration, Placing, Remains, Served, Situation, Task
+from kubetf.core.types import Job, Pod, Resource, Write
 
-__all__ = ["Gate", "Integration", "Placing", "Served", "Situation", "Task"]
+__all__ = ["Gate", "Integration", "Placing", "Remains", "Served", "Situation", "Task"]
 NONE = "None"
 
 
@@ -105,9 +105,10 @@ def gate(integrations: list[Integration], s: Situation) -> Gate | None:
     return next((g for i in integrations if (g := i.gate(s)) is not None), None)
 
 
-def farewell(owned: list[Obj], job: Job | None, name: str, now: float) -> list[Write]:
-    """What is left of TrainingJobs of this name that are gone (or of an earlier one, beside `job`)."""
-    return [w for integration in ALL for w in integration.farewell(owned, job, name, now)]
+def farewell(remains: Remains) -> list[Write]:
+    """What is left around a job's name that is no longer any job's: an earlier job's objects, the job's own that it
+    no longer uses (every integration looks: a job's labels may have changed which ones it has now)."""
+    return [w for integration in ALL for w in integration.farewell(remains)]
 
 
 def released(pods: list[Pod], lost_nodes: Collection[str]) -> list[Pod]:

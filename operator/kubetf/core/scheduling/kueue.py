@@ -29,7 +29,7 @@ from kubetf.core import api, builders
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.scheduling import workload as wl
-from kubetf.core.scheduling.seam import Gate, Placing, Situation
+from kubetf.core.scheduling.seam import Gate, Placing, Remains, Situation
 from kubetf.core.scheduling.workload import Admission, condition
 from kubetf.core.scheduling.workload import queue_name as queue_name  # the job's LocalQueue: it makes the job Kueue's
 from kubetf.core.types import Event, Job, Obj, Pod, Resource, Write, owned_by, uid_of
@@ -74,7 +74,7 @@ def place(s: Situation) -> Placing:
     runs); a prebuilt one adopted; its queue and PodSets following the job while it holds no quota; deactivated while
     the job is suspended; PodsReady; the quota given back once no pod runs after an eviction, or when the Workload no
     longer matches the job. And what is left of an earlier job of its name, or of its own old queue, let go."""
-    found = Placing(writes=_strays(s))
+    found = Placing()
     admission, job, phase = s.admission, s.job, s.status.get("phase")
     if admission is None:
         return found
@@ -109,20 +109,32 @@ def finish(s: Situation) -> list[Write]:
     message = (st.current_condition(s.status) or {}).get("message") or ""
     reason = "Succeeded" if s.status.get("phase") == st.SUCCEEDED else "Failed"
     current = s.admission.workload if s.admission is not None else None
-    writes = _strays(s, ended=True)
-    if current is not None:
-        writes += wl.goodbye(current, reason, message, s.now)
-    return writes
+    return wl.goodbye(current, reason, message, s.now) if current is not None else []
 
 
-def farewell(owned: list[Obj], job: Job | None, name: str, now: float) -> list[Write]:
+def farewell(r: Remains) -> list[Write]:
     """Workloads of a TrainingJob of this name that is gone: finished (OwnerNotFound) and let go (Kueue's
-    FinalizeOrphanedWorkload)."""
-    return [
+    FinalizeOrphanedWorkload). And the job's own that are no longer its Workload (made for a queue label since
+    removed or changed): finished once no pod of the job runs, so no quota stays held for it."""
+    writes = [
         w
-        for workload in wl.previous(owned, job, name)
-        for w in wl.goodbye(workload, "OwnerNotFound", "The workload's owner no longer exists", now)
+        for workload in wl.previous(r.owned, r.job, r.name)
+        for w in wl.goodbye(workload, "OwnerNotFound", "The workload's owner no longer exists", r.now)
     ]
+    job = r.job
+    if job is None or not (r.ended or is_inactive(r.pods, r.lost_nodes)):
+        return writes
+    current = wl.workload_name(job) if queue_name(job) is not None else None
+    for workload in r.owned:
+        meta = workload["metadata"]
+        if (
+            wl.WORKLOADS.holds(workload)
+            and owned_by(workload, uid_of(job))
+            and meta.get("name") != current
+            and not meta.get("deletionTimestamp")
+        ):
+            writes += wl.goodbye(workload, "NotQueued", "The job no longer names this Workload's queue", r.now)
+    return writes
 
 
 def release(pods: list[Pod], lost_nodes: Collection[str]) -> list[Pod]:
@@ -132,25 +144,6 @@ def release(pods: list[Pod], lost_nodes: Collection[str]) -> list[Pod]:
 
 
 # ---------------------------------------------------------------------- the job's Workloads
-
-
-def _strays(s: Situation, ended: bool = False) -> list[Write]:
-    """An earlier job's Workloads (farewell), and the job's own that are not its current one (made for a queue label
-    since removed): finished once no pod of the job runs or it ended, so no quota stays held for it."""
-    writes = farewell(s.owned, s.job, api.name(s.job), s.now)
-    current = s.admission.workload if s.admission is not None else None
-    if not ended and not is_inactive(s.pods, s.lost_nodes):
-        return writes
-    for workload in s.owned:
-        if (
-            wl.WORKLOADS.holds(workload)
-            and owned_by(workload, uid_of(s.job))
-            and uid_of(workload) != uid_of(current)
-            and not workload["metadata"].get("deletionTimestamp")
-        ):
-            writes += wl.goodbye(workload, "Failed" if ended else "NoQueue",
-                                 "The job no longer names this Workload's queue", s.now)  # fmt: skip
-    return writes
 
 
 def _differs(job: Job, admission: Admission, config: OperatorConfig) -> str | None:

@@ -18,8 +18,8 @@ from kubetf.core import api
 from kubetf.core import status as st
 from kubetf.core.scheduling import kueue
 from kubetf.core.scheduling import workload as wl
-from kubetf.core.scheduling.seam import Gate, Placing, Situation
-from kubetf.core.types import Job, Obj, Pod, Resource, Write
+from kubetf.core.scheduling.seam import Gate, Placing, Remains, Situation
+from kubetf.core.types import Job, Pod, Resource, Write
 
 NAME = "MultiKueue"
 RESOURCES: tuple[Resource, ...] = (wl.WORKLOADS,)
@@ -80,7 +80,7 @@ def join(s: Situation, pod: Pod, role: str) -> None:
 def place(s: Situation) -> Placing:
     """The job's Workload: made while it has none, following the job, PodsReady from the copied status, the quota
     given back at once after an eviction (no pod of it runs here)."""
-    found = Placing(writes=kueue.farewell(s.owned, s.job, api.name(s.job), s.now))
+    found = Placing()
     admission = s.admission
     if admission is None or not admission.installed:
         return found
@@ -104,7 +104,7 @@ def finish(s: Situation) -> list[Write]:
     return wl.goodbye(workload, "Succeeded" if s.status.get("phase") == st.SUCCEEDED else "Failed", message, s.now)
 
 
-def farewell(owned: list[Obj], job: Job | None, name: str, now: float) -> list[Write]:
+def farewell(r: Remains) -> list[Write]:
     return []  # the job's Workloads are Kueue's integration's to let go (kueue.farewell)
 
 

@@ -75,6 +75,20 @@ class Placing:
         self.wake_at = min((t for t in (self.wake_at, other.wake_at) if t is not None), default=None)
 
 
+@dataclass(frozen=True)
+class Remains:
+    """What is around a job's name at a reconcile: the objects labelled for it and its pods; the job (None: gone);
+    whether it ended. An integration lets go of what is no longer any job's (`Integration.farewell`)."""
+
+    owned: list[Obj]
+    pods: list[Pod]
+    job: Job | None
+    name: str
+    now: float
+    ended: bool = True
+    lost_nodes: Mapping[str, float] = field(default_factory=dict)
+
+
 class Integration(Protocol):
     """A scheduler integration: a module of pure functions (each of `native`, `volcano`, `kueue`, `multikueue`)."""
 
@@ -87,5 +101,5 @@ class Integration(Protocol):
     def join(self, s: Situation, pod: Pod, role: str) -> None: ...
     def place(self, s: Situation) -> Placing: ...
     def finish(self, s: Situation) -> list[Write]: ...
-    def farewell(self, owned: list[Obj], job: Job | None, name: str, now: float) -> list[Write]: ...
+    def farewell(self, r: Remains) -> list[Write]: ...
     def release(self, pods: list[Pod], lost_nodes: Collection[str]) -> list[Pod]: ...

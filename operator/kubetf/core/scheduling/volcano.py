@@ -13,7 +13,7 @@ from typing import Any
 from kubetf.core import api
 from kubetf.core import status as st
 from kubetf.core.scheduling import gangs
-from kubetf.core.scheduling.seam import Placing, Situation
+from kubetf.core.scheduling.seam import Placing, Remains, Situation
 from kubetf.core.types import Job, Obj, Pod, Resource, Write
 
 NAME = "Volcano"
@@ -149,5 +149,5 @@ def release(pods: list[Pod], lost_nodes: Collection[str]) -> list[Pod]:
     return []
 
 
-def farewell(owned: list[Obj], job: Job | None, name: str, now: float) -> list[Write]:
+def farewell(r: Remains) -> list[Write]:
     return []
