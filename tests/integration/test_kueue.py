@@ -246,17 +246,22 @@ def test_bad_queue_labels_and_managed_by_are_refused_at_apply_time(cluster, name
     assert 'spec.managedBy: Unsupported value: "someone/else"' in json.loads(refused.value.body)["message"]
 
 
-def test_a_job_multikueue_dispatches_has_its_workload_here_and_no_pod(cluster, namespace, queue):
-    """This cluster has no MultiKueue admission check: Kueue admits the Workload here, but the job runs elsewhere
-    (its status is Kueue's copy of a worker's): the operator makes the Workload and nothing else."""
+def test_a_multikueue_job_admitted_without_a_multikueue_check_has_no_pod_and_says_nothing_will_dispatch_it(
+    cluster, namespace, queue
+):
+    """This cluster's ClusterQueue has no MultiKueue admission check: Kueue admits the Workload here, and no worker
+    will ever run the job (issue 46: it did nothing for good, silently). The operator makes the Workload, creates no
+    pod, and says why: a NotDispatched condition and a Warning."""
     spec = {**two_workers(), "managedBy": multikueue.MANAGED_BY}
     remote = cluster.create_job(namespace, "remote", spec, **labelled(queue))
-    cluster.create_job(namespace, "local", mwms_spec())
-    cluster.wait_phase(namespace, "local", "Pending")  # the operator is at work
     workload = wait_for(lambda: queue.workload(remote), 30, "remote's Workload")
     wait_for(lambda: is_admitted(queue.workload(remote)), 30, "remote admitted here")
-    time.sleep(1)  # a negative check: nothing comes of the admission in a second (a reconcile takes milliseconds)
-    assert cluster.pods(namespace, "remote") == {} and cluster.status(namespace, "remote") == {}
+    status = cluster.wait_phase(namespace, "remote", "Pending")
+    condition = next(c for c in status["conditions"] if c["type"] == "Pending")
+    assert condition["reason"] == "NotDispatched" and "has no MultiKueue admission check" in condition["message"]
+    assert any(e.get("type") == "Warning" and e.get("reason") == "NotDispatched"
+               for e in cluster.events(namespace, "remote"))  # fmt: skip
+    assert cluster.pods(namespace, "remote") == {}
     assert workload["metadata"]["ownerReferences"][0]["uid"] == remote["metadata"]["uid"]
 
 

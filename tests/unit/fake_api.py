@@ -36,6 +36,7 @@ class FakeApi:
         self.calls: list[str] = []
         self.refuse: dict[str, Exception] = {}  # pod name -> error its create raises
         self.refuse_delete: dict[str, Exception] = {}  # pod name -> error its delete raises
+        self.refuse_write: dict[str, Exception] = {}  # name of an object but a pod -> error its writes raise
         self.invalid: dict[str, str] = {}  # role -> the API server's message refusing its pods (dry runs too)
         self.logs: dict[str, str] = {}  # pod name -> what its training container printed
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
@@ -209,6 +210,8 @@ class FakeApi:
         meta = write.obj["metadata"]
         self.calls.append(f"write {write.obj['kind']} {write.verb}" if write.verb != "delete" else
                           f"delete {write.obj['kind']} {meta['name']}")  # fmt: skip
+        if meta["name"] in self.refuse_write:
+            raise self.refuse_write[meta["name"]]
         if not kueue.WORKLOADS.holds(write.obj):
             stored = self.others.get((write.obj["kind"], meta["name"]))
             if stored is None or stored["metadata"].get("uid") != meta.get("uid"):

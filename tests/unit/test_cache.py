@@ -118,3 +118,19 @@ def test_the_cached_pod_count_follows_puts_removals_and_prunes():
     assert store.pod_count() == 2
     store.prune_pods(key, {"p0"}, 10)
     assert store.pod_count() == 1 == sum(len(p) for p in store.pods.values())
+
+
+def test_a_late_deleted_event_of_an_older_podgroup_never_drops_the_current_one_of_its_name():
+    """Issue 46: the cache compared names, not uids: the DELETED event of an earlier incarnation dropped the group."""
+    from kubetf.core.scheduling import native
+
+    store = Store(tombstone_seconds=300)
+    meta = {"name": "mnist-gang-0", "namespace": "team-a", "resourceVersion": "5",
+            "labels": {"kubetf.io/job-name": "mnist"}}  # fmt: skip
+    old = {"apiVersion": native.POD_GROUPS.api_version, "kind": "PodGroup", "metadata": {**meta, "uid": "old"}}
+    new = {"apiVersion": native.POD_GROUPS.api_version, "kind": "PodGroup",
+           "metadata": {**meta, "uid": "new", "resourceVersion": "9"}}  # fmt: skip
+    store.put_owned(new)
+    assert store.remove_owned(old) is None
+    assert [o["metadata"]["uid"] for o in store.owned_of(("team-a", "mnist"))] == ["new"]
+    assert store.remove_owned(new) == ("team-a", "mnist") and store.owned_of(("team-a", "mnist")) == []

@@ -546,3 +546,29 @@ def test_a_job_whose_training_runs_while_its_evaluator_waits_says_running_and_wh
     place(sim, "mnist-evaluator-0")
     sim.step()
     assert (sim.status["phase"], sim.status["reason"]) == ("Running", "AllPodsRunning")
+
+
+def test_a_podgroup_delete_that_keeps_failing_never_freezes_the_jobs_status():
+    """Issue 46: the failing delete raised before the job's status was written."""
+    from kubetf.cluster.kube_api import NotServed
+
+    sim = cluster(mwms(), native=True)
+    sim.step()
+    place(sim)
+    sim.step()
+    sim.evict("mnist-worker-1")
+    sim.step()
+    sim.api.refuse_write[g(sim, 0)] = NotServed(503, "the webhook is unavailable")
+    sim.gone()
+    sim.api.deliver(sim.controller)
+    with pytest.raises(NotServed):
+        sim.controller.reconcile(sim.key)  # retried with the job's backoff ...
+    assert sim.status["tasks"]["worker-1"]["state"] == "Created"  # ... its replacements recorded all the same
+    place(sim)
+    sim.api.deliver(sim.controller)
+    with pytest.raises(NotServed):
+        sim.controller.reconcile(sim.key)
+    assert sim.status["phase"] == "Running"
+    del sim.api.refuse_write[g(sim, 0)]
+    sim.step()
+    assert g(sim, 0) not in groups(sim)

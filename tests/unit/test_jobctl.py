@@ -42,14 +42,15 @@ def test_progress_lines_read_through_the_logs_prefix():
 class Jobs:
     """The two reads `kubetf status` makes, from a list of job documents served one per call."""
 
-    def __init__(self, *documents):
-        self.documents = list(documents)
-
     def get_job(self, namespace, name):
         return self.documents.pop(0) if len(self.documents) > 1 else self.documents[0]
 
-    def list_events(self, namespace, name):
-        return []
+    def __init__(self, *documents, events=()):
+        self.documents = list(documents)
+        self.events = list(events)
+
+    def list_events(self, namespace, name, uid=None):
+        return [e for e in self.events if uid is None or e["involvedObject"]["uid"] == uid]
 
 
 def running_with_progress(phase="Running"):
@@ -164,3 +165,22 @@ def test_tensorboard_stops_on_ctrl_c_even_when_started_in_the_background_and_on_
         process.send_signal(sig)
         out, _ = process.communicate(timeout=20)
         assert (process.returncode, out.strip()) == (0, "stopped"), (sig, process.returncode, out)
+
+
+def test_status_shows_the_events_of_this_job_not_of_an_earlier_one_of_its_name():
+    """Issue 46: `make demo` run twice showed both runs' events: events belong to the job's uid."""
+    import io
+
+    from kubetf.cli.jobctl import print_status
+
+    job = running_with_progress()
+    job["metadata"]["uid"] = "new-uid"
+
+    def event(uid, reason):
+        return {"involvedObject": {"uid": uid}, "type": "Normal", "reason": reason, "message": "m",
+                "lastTimestamp": "2026-11-28T00:00:00Z"}  # fmt: skip
+
+    out = io.StringIO()
+    print_status(Jobs(job, events=[event("old-uid", "FromTheEarlierJob"), event("new-uid", "CreatedPods")]), "ns",
+                 "mnist", out)  # fmt: skip
+    assert "CreatedPods" in out.getvalue() and "FromTheEarlierJob" not in out.getvalue()

@@ -261,7 +261,9 @@ def print_status(kube: Kube, namespace: str, name: str, out: TextIO) -> int:
             f"  {role:<10} {counts.get('active', 0):>6} {counts.get('ready', 0):>6}"
             f" {counts.get('succeeded', 0):>9} {counts.get('failed', 0):>6}\n"
         )
-    events = sorted(kube.list_events(namespace, name), key=lambda e: e.get("lastTimestamp") or "")[-8:]
+    # This job's own (its uid), as `kubectl describe` shows them: not an earlier job's of the same name.
+    events = kube.list_events(namespace, name, (job.get("metadata") or {}).get("uid"))
+    events = sorted(events, key=lambda e: e.get("lastTimestamp") or "")[-8:]
     if events:
         out.write("  events:\n")
         for event in events:

@@ -779,10 +779,10 @@ class Kube:
             raise LogUnreadable(f"{error.status}: {_message(error)}") from error
         return data.decode("utf-8", "replace")
 
-    def list_events(self, namespace: str, name: str) -> list[Obj]:
-        result = self._call(
-            "list", "events", self.core.list_namespaced_event, namespace, field_selector=f"involvedObject.name={name}"
-        )
+    def list_events(self, namespace: str, name: str, uid: str | None = None) -> list[Obj]:
+        """The Events of the object of that name; with `uid`, of that incarnation only."""
+        selector = f"involvedObject.name={name}" + (f",involvedObject.uid={uid}" if uid else "")
+        result = self._call("list", "events", self.core.list_namespaced_event, namespace, field_selector=selector)
         items: list[Obj] = result["items"]
         return items
 
