@@ -107,14 +107,14 @@ def mwms(node: str, scheduler: str, workers: int = 2, exit_after: str | None = N
     }
 
 
-def parameter_server(node: str, scheduler: str) -> dict:
-    """A chief and two workers of one GPU each, and a ps of none: four training tasks, three GPUs."""
+def parameter_server(node: str, scheduler: str, workers: int = 2) -> dict:
+    """A chief and `workers` workers of one GPU each, and a ps of none."""
     template = fake_template(node)
     return {
         "strategy": "ParameterServer",
         "replicaSpecs": {
             "chief": {"replicas": 1, "gpus": 1, "template": template},
-            "worker": {"replicas": 2, "gpus": 1, "template": template},
+            "worker": {"replicas": workers, "gpus": 1, "template": template},
             "ps": {"replicas": 1, "template": template},
         },
         "runPolicy": {"backoffSeconds": 0, "schedulingPolicy": {"gangScheduler": scheduler}},
@@ -167,6 +167,13 @@ def annotate_exit(cluster: Cluster, pod: dict, code: int) -> None:
     meta = pod["metadata"]
     cluster.core.patch_namespaced_pod(meta["name"], meta["namespace"], {"metadata": {"annotations": {
         kwok.EXIT_CODE: str(code)}}})  # fmt: skip
+
+
+def group(cluster: Cluster, namespace: str, job: str, generation: int) -> str:
+    """The name of the job's PodGroup of that generation: it carries the job's uid (kubetf.core.scheduling.gangs)."""
+    found = cluster.job(namespace, job)
+    assert found is not None, f"{job} not found"
+    return gangs.group_name(found, generation)
 
 
 def gang_events(cluster: Cluster, namespace: str, name: str) -> list[str]:
@@ -441,42 +448,44 @@ def test_two_gangs_that_each_need_more_than_half_the_gpus_never_start_partially(
 
 
 def test_a_multi_worker_mirrored_group_restart_is_a_new_gang_placed_whole(installed, nodes, space, scheduler):
-    """A worker of a running MWMS job fails (exit 1): the whole chief+worker group restarts as a new gang
-    (<job>-gang-1), its three pods placed together, and the old PodGroup goes once none of its pods is left."""
+    """A worker of a running MWMS job fails (exit 1): the whole chief+worker group restarts as a new gang (its
+    PodGroup of the next generation), its three pods placed together, and the old PodGroup goes once none of its
+    pods is left."""
     gpus, need = 4, 3
     node = nodes(f"e2e-gang-mwms-{SHORT[scheduler]}", gpus)
     timeline = Timeline(installed, space)
     create(installed, space, "mwms", mwms(node, scheduler))
     pods = live(installed, space, "mwms", need, attempt=0)
-    assert {gangs.pod_group_of(p) for p in pods.values()} == {"mwms-gang-0"}
+    first, second = group(installed, space, "mwms", 0), group(installed, space, "mwms", 1)
+    assert {gangs.pod_group_of(p) for p in pods.values()} == {first}
 
     failed = time.monotonic()
     annotate_exit(installed, pods["mwms-worker-1"], 1)
     pods = live(installed, space, "mwms", need, attempt=1)
     placed = time.monotonic()
-    assert {gangs.pod_group_of(p) for p in pods.values()} == {"mwms-gang-1"}
+    assert {gangs.pod_group_of(p) for p in pods.values()} == {second}
     status = installed.wait_phase(space, "mwms", "Running", timeout=30)
     assert status["restarts"]["failures"] == 1
-    assert status["gang"]["podGroup"] == "mwms-gang-1" and status["gang"].get("placedAt")
+    assert status["gang"]["podGroup"] == second and status["gang"].get("placedAt")
     groups = wait_for(
-        lambda: (g := pod_groups(installed, space, scheduler)) and "mwms-gang-0" not in g and g,
-        30, "the old generation's PodGroup mwms-gang-0 deleted",
+        lambda: (g := pod_groups(installed, space, scheduler)) and first not in g and g,
+        30, f"the old generation's PodGroup {first} deleted",
     )  # fmt: skip
-    assert set(groups) == {"mwms-gang-1"}
+    assert set(groups) == {second}
     if scheduler == native.NAME:  # placed as a gang of 3, and the scheduler says so on the new PodGroup
-        assert groups["mwms-gang-1"]["spec"]["schedulingPolicy"]["gang"]["minCount"] == need
+        assert groups[second]["spec"]["schedulingPolicy"]["gang"]["minCount"] == need
         scheduled = "PodGroupInitiallyScheduled"
     else:
-        assert groups["mwms-gang-1"]["spec"]["minMember"] == need
+        assert groups[second]["spec"]["minMember"] == need
         scheduled = "Scheduled"
     wait_for(
-        lambda: group_condition(pod_groups(installed, space, scheduler)["mwms-gang-1"], scheduled).get("status")
-        == "True", 30, f"mwms-gang-1 {scheduled}",
+        lambda: group_condition(pod_groups(installed, space, scheduler)[second], scheduled).get("status")
+        == "True", 30, f"{second} {scheduled}",
     )  # fmt: skip
     events = all_bound(timeline, {"mwms": need}, attempt=1)
     new = [e for e in bound(events).values() if e.attempt == 1]
     print(
-        f"{scheduler}: worker failed -> new gang mwms-gang-1 placed whole {placed - failed:.1f}s later (its pods bound "
+        f"{scheduler}: worker failed -> new gang {second} placed whole {placed - failed:.1f}s later (its pods bound "
         f"within {max(e.at for e in new) - min(e.at for e in new):.2f}s)"
     )
     assert len(new) == need and {e.node for e in bound(events).values()} == {node}
@@ -497,7 +506,8 @@ def test_a_parameter_server_workers_replacement_joins_the_running_gang(installed
     timeline = Timeline(installed, space)
     create(installed, space, "ps", parameter_server(node, scheduler))
     pods = live(installed, space, "ps", 4, attempt=0)
-    assert {gangs.pod_group_of(p) for p in pods.values()} == {"ps-gang-0"}
+    first = group(installed, space, "ps", 0)
+    assert {gangs.pod_group_of(p) for p in pods.values()} == {first}
     others = {n: p["metadata"]["uid"] for n, p in pods.items() if n != "ps-worker-1"}
 
     said = Conditions(installed, space)  # what the job says from the failure on
@@ -509,12 +519,12 @@ def test_a_parameter_server_workers_replacement_joins_the_running_gang(installed
         "the replacement of ps-worker-1 Running", timeout=120,
     )  # fmt: skip
     replacement = pods["ps-worker-1"]
-    assert gangs.pod_group_of(replacement) == "ps-gang-0"
+    assert gangs.pod_group_of(replacement) == first
     assert {n: p["metadata"]["uid"] for n, p in pods.items() if n != "ps-worker-1"} == others  # untouched
     status = installed.wait_phase(space, "ps", "Running", timeout=30)
     assert status["restarts"]["failures"] == 1
-    assert status["gang"]["podGroup"] == "ps-gang-0"
-    assert set(pod_groups(installed, space, scheduler)) == {"ps-gang-0"}
+    assert status["gang"]["podGroup"] == first
+    assert set(pod_groups(installed, space, scheduler)) == {first}
     uid = replacement["metadata"]["uid"]
     joined = timeline.wait(lambda events: bound(events).get(uid), "the watch to show the replacement bound")
     created = next(e for e in timeline.events() if e.uid == uid and e.type == "ADDED")
@@ -522,7 +532,7 @@ def test_a_parameter_server_workers_replacement_joins_the_running_gang(installed
     said.wait(lambda events: any(e.phase == "Running" for e in events), "the watch to show the job Running again")
     reasons = [r for r in dict.fromkeys(e.reason for e in said.stop()) if r]
     print(
-        f"{scheduler}: ps-worker-1's replacement joined ps-gang-0, bound {joined.at - created.at:.2f}s after it was "
+        f"{scheduler}: ps-worker-1's replacement joined {first}, bound {joined.at - created.at:.2f}s after it was "
         f"created; the job said {reasons}"
     )
     assert "GangWaiting" not in reasons
@@ -530,6 +540,132 @@ def test_a_parameter_server_workers_replacement_joins_the_running_gang(installed
     annotate_exit(installed, pods["ps-chief-0"], 0)
     installed.wait_phase(space, "ps", "Succeeded", timeout=60)
     timeline.stop()
+
+
+# ------------------------------------------------------------------------------- 2b. what issue 46 found stuck
+
+
+def test_lone_restarts_that_come_to_cover_every_training_task_keep_joining_the_running_gang(
+    installed, nodes, space, scheduler
+):
+    """Issue 46: a ParameterServer job loses its ps (ps and chief restart), then its worker, then its ps again. Once
+    every training task had restarted, the gang's generation (then the lowest attempt) moved on and the ps's lone
+    replacement went into a new PodGroup whose quorum it alone could never meet: stuck for good. Now every
+    replacement joins the PodGroup its running peers are in and is placed; no PodGroup of the job has fewer running
+    members than its minimum once the job runs again."""
+    node = nodes(f"e2e-gang-lone-{SHORT[scheduler]}", 2)
+    create(installed, space, "lone", parameter_server(node, scheduler, workers=1))
+    pods = live(installed, space, "lone", 3, attempt=0)
+    first = group(installed, space, "lone", 0)
+    for lost in ("lone-ps-0", "lone-worker-0", "lone-ps-0"):
+        uid = pods[lost]["metadata"]["uid"]
+        failed = time.monotonic()
+        annotate_exit(installed, pods[lost], 1)
+
+        def replaced(found: dict[str, dict], lost: str = lost, uid: str = uid) -> bool:
+            running = all((p.get("status") or {}).get("phase") == "Running" and p["spec"].get("nodeName")
+                          for p in found.values())  # fmt: skip
+            return len(found) == 3 and found.get(lost, {}).get("metadata", {}).get("uid") not in (None, uid) and running
+
+        # placed within 30 s (kube-scheduler's retry backoff included): a replacement of a stuck gang never is
+        pods = installed.wait_pods(space, "lone", replaced, f"{lost}'s replacement placed", timeout=30)
+        print(f"{scheduler}: {lost} failed -> its replacement placed {time.monotonic() - failed:.1f}s later")
+        assert {gangs.pod_group_of(p) for p in pods.values()} == {first}
+        status = installed.wait_phase(space, "lone", "Running", timeout=30)
+        assert status["gang"]["podGroup"] == first and status["gang"]["generation"] == 0
+        groups = pod_groups(installed, space, scheduler)
+        assert set(groups) == {first}
+        minimum = (groups[first]["spec"]["schedulingPolicy"]["gang"]["minCount"] if scheduler == native.NAME
+                   else groups[first]["spec"]["minMember"])  # fmt: skip
+        assert sum(1 for p in pods.values() if gangs.pod_group_of(p) == first) >= minimum == 3
+    assert {p["metadata"]["labels"][api.LABEL_ATTEMPT] for p in pods.values()} != {"0"}
+    assert installed.status(space, "lone")["restarts"]["failures"] == 3
+    annotate_exit(installed, pods["lone-chief-0"], 0)
+    installed.wait_phase(space, "lone", "Succeeded", timeout=60)
+
+
+def test_five_group_restarts_leave_at_most_two_podgroups_and_none_after_the_job_is_deleted(
+    installed, nodes, space, scheduler
+):
+    node = nodes(f"e2e-gang-five-{SHORT[scheduler]}", 3)
+    spec = mwms(node, scheduler)
+    spec["runPolicy"]["backoffLimit"] = 10
+    create(installed, space, "five", spec)
+    pods = live(installed, space, "five", 3, attempt=0)
+    most = 0
+    for attempt in range(1, 6):
+        annotate_exit(installed, pods["five-worker-1"], 1)
+        while True:  # every PodGroup the job has, sampled while its new gang comes up
+            most = max(most, len(pod_groups(installed, space, scheduler)))
+            found = installed.live_pods(space, "five")
+            if len(found) == 3 and all(p["metadata"]["labels"][api.LABEL_ATTEMPT] == str(attempt)
+                                       and (p.get("status") or {}).get("phase") == "Running"
+                                       for p in found.values()):  # fmt: skip
+                pods = found
+                break
+            time.sleep(0.2)
+        assert {gangs.pod_group_of(p) for p in pods.values()} == {group(installed, space, "five", attempt)}
+    wait_for(lambda: set(pod_groups(installed, space, scheduler)) == {group(installed, space, "five", 5)}, 30,
+             "the older generations' PodGroups deleted")  # fmt: skip
+    print(f"{scheduler}: at most {most} PodGroups at once over 5 group restarts")
+    assert most <= 2
+    installed.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, space, api.PLURAL, "five")
+    wait_for(lambda: not pod_groups(installed, space, scheduler), 60, "the job's PodGroups gone with it")
+
+
+def test_a_job_deleted_and_applied_again_smaller_runs_in_a_podgroup_of_its_own(installed, nodes, space, scheduler):
+    """Issue 46: the old job's PodGroup outlives it while its pods terminate; the job applied again under its name
+    joined it (the old minimum, the old priority), or waited for good once it went. Now it makes its own."""
+    node = nodes(f"e2e-gang-again-{SHORT[scheduler]}", 3)
+    create(installed, space, "again", mwms(node, scheduler, workers=2))
+    live(installed, space, "again", 3, attempt=0)
+    old = installed.job(space, "again")
+    assert old is not None
+    installed.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, space, api.PLURAL, "again")
+    wait_for(lambda: installed.job(space, "again") is None, 30, "the old job gone")
+    create(installed, space, "again", mwms(node, scheduler, workers=1))
+    new = installed.job(space, "again")
+    assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
+
+    def own(found: dict[str, dict]) -> bool:
+        mine = [p for p in found.values() if p["metadata"]["ownerReferences"][0]["uid"] == new["metadata"]["uid"]]
+        return len(mine) == 2 and all((p.get("status") or {}).get("phase") == "Running" for p in mine)
+
+    pods = installed.wait_pods(space, "again", own, "the new job's 2 pods Running", timeout=60)
+    mine = gangs.group_name(new, 0)
+    assert mine != gangs.group_name(old, 0)
+    assert {gangs.pod_group_of(p) for p in pods.values()
+            if p["metadata"]["ownerReferences"][0]["uid"] == new["metadata"]["uid"]} == {mine}  # fmt: skip
+    made = pod_groups(installed, space, scheduler)[mine]
+    assert made["metadata"]["ownerReferences"][0]["uid"] == new["metadata"]["uid"]
+    minimum = (made["spec"]["schedulingPolicy"]["gang"]["minCount"] if scheduler == native.NAME
+               else made["spec"]["minMember"])  # fmt: skip
+    assert minimum == 2
+    installed.wait_phase(space, "again", "Running", timeout=30)
+
+
+@pytest.mark.k8s_min("1.37", reason="Kubernetes' own gang scheduling, scheduling.k8s.io/v1beta1")
+def test_a_job_whose_templates_name_a_priority_class_runs_under_kubernetes_gang_by_default(installed, nodes, space):
+    """Issue 46: the PodGroup got no priority while the pods had their template's, and kube-scheduler 1.37 refused
+    the group on every cycle ("all pods in a single pod group should have the same priority")."""
+    node = nodes("e2e-gang-priority", 3)
+    name = f"kubetf-e2e-{space}"
+    installed.scheduling.create_priority_class({"metadata": {"name": name}, "value": 100})
+    try:
+        spec = mwms(node, "Auto")
+        del spec["runPolicy"]["schedulingPolicy"]["gangScheduler"]
+        for replica in spec["replicaSpecs"].values():
+            replica["template"] = {**replica["template"],
+                                   "spec": {**replica["template"]["spec"], "priorityClassName": name}}  # fmt: skip
+        create(installed, space, "classy", spec)
+        pods = live(installed, space, "classy", 3, attempt=0)
+        status = installed.wait_phase(space, "classy", "Running", timeout=30)
+        assert status["gang"]["scheduler"] == native.NAME
+        assert {p["spec"]["priorityClassName"] for p in pods.values()} == {name}
+        assert pod_groups(installed, space, native.NAME)[group(installed, space, "classy", 0)]["spec"][
+            "priorityClassName"] == name  # fmt: skip
+    finally:
+        installed.scheduling.delete_priority_class(name)
 
 
 # ----------------------------------------------------------------------------------------------------- 3. cannot fit
@@ -666,7 +802,8 @@ def test_a_converted_tfjob_with_a_volcano_scheduling_policy_runs_gang_scheduled(
     timeline = Timeline(installed, space)
     KubeCluster(installed.kubeconfig, local=False).kubectl("apply", "-n", space, "-f", "-", input=converted.stdout)
     groups = wait_for(lambda: pod_groups(installed, space, volcano.NAME), 30, "the job's Volcano PodGroup")
-    spec = groups["mnist-volcano-gang-0"]["spec"]
+    first = group(installed, space, "mnist-volcano", 0)
+    spec = groups[first]["spec"]
     assert spec["minMember"] == need and spec["queue"] == "default"
     assert spec["minResources"] == {api.GPU_RESOURCE: str(need)}
     installed.wait_phase(space, "mnist-volcano", "Succeeded", timeout=120)
@@ -674,7 +811,7 @@ def test_a_converted_tfjob_with_a_volcano_scheduling_policy_runs_gang_scheduled(
     events = timeline.stop()
     binds = bound(events)
     assert len(binds) == need and {e.node for e in binds.values()} == {node}
-    assert {e.group for e in binds.values()} == {"mnist-volcano-gang-0"}  # scheduling.k8s.io/group-name
+    assert {e.group for e in binds.values()} == {first}  # scheduling.k8s.io/group-name
     assert partial_starts(events, gpus, {"mnist-volcano": need}) == []
     times = [e.at for e in binds.values()]
     print(f"converted TFJob: its {need} pods bound within {max(times) - min(times):.2f}s by Volcano, then Succeeded")

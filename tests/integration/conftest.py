@@ -72,6 +72,7 @@ class Cluster:
         self.api_client = kubeconfig.new_client_from_config(config_file=kubeconfig_path)
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
+        self.scheduling = client.SchedulingV1Api(self.api_client)
         self.ext = client.ApiextensionsV1Api(self.api_client)
 
     def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:

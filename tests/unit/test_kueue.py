@@ -849,5 +849,7 @@ def test_the_manager_never_writes_a_dispatched_jobs_status_even_when_its_reconci
     sim.api.update_job(sim.key)
     sim.api.deliver(sim.controller)
     writes = sim.api.calls.count("patch status")
-    sim.controller.executor.report_failing(sim.key, Failing(5, "boom"), sim.now)
+    for attempts in range(1, 6):
+        sim.controller.executor.report_failing(sim.key, Failing(attempts, "boom"), sim.now)
     assert sim.api.calls.count("patch status") == writes and sim.status == {"phase": "Running"}
+    assert [r for _, r, _ in sim.api.recorded].count("ReconcileError") == 1  # said once, as an event

@@ -1,5 +1,4 @@
-"""Every reason a user can see on a TrainingJob, with what it means and what to do about it. Pure: the standard
-library only.
+"""Every reason a user can see on a TrainingJob, with what it means and what to do about it. Standard library only.
 
 - `OPERATOR`: the reasons the operator writes itself, in the job's condition (`status.reason`, the REASON column of
   `kubectl get tj -o wide`) and in the Events it posts on the job;
@@ -221,17 +220,14 @@ OPERATOR: dict[str, Reason] = {
     ),
     "EvaluatorPending": Reason(
         "condition (Running), Normal event (Warning once the scheduler or the kubelet says why)",
-        "Every training task runs; the evaluator, which is in no gang and holds no other task back, does not run yet. "
-        "The message says why, in the scheduler's or the kubelet's words.",
-        "Nothing while it starts; if it lasts, make room for it (the message says what does not fit). "
-        "`startupTimeoutSeconds` bounds its wait as any pod's.",
+        "Every training task runs; the evaluator (in no gang, holding no task back) does not yet: the message says why",
+        "Nothing while it starts; if it lasts, make room for it. `startupTimeoutSeconds` bounds its wait.",
     ),
     "NotDispatched": Reason(
         "condition (Pending) on MultiKueue's manager, Warning event",
-        "The job has `spec.managedBy: kueue.x-k8s.io/multikueue` but nothing will ever dispatch it: it has no "
-        "`kueue.x-k8s.io/queue-name` label, or its ClusterQueue admitted it without a MultiKueue admission check.",
-        "Add the label, naming a LocalQueue whose ClusterQueue has a MultiKueue admission check; or remove "
-        "`spec.managedBy` to run the job on this cluster (docs/kueue.md).",
+        "`spec.managedBy: kueue.x-k8s.io/multikueue`, but nothing will dispatch the job: no queue label, or a "
+        "ClusterQueue that admitted it without a MultiKueue admission check.",
+        "Add the label (a LocalQueue whose ClusterQueue has a MultiKueue check), or remove `spec.managedBy`.",
     ),
     "GangScheduleTimeout": Reason(
         "condition (Failed, or Pending with `onScheduleTimeout: Wait`), Warning event",

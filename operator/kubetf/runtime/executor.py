@@ -155,17 +155,19 @@ class Executor:
         job = self.store.job(key)
         if job is None or (job.get("status") or {}).get("phase") is None:
             return
-        if not scheduling.runs_here(job):  # its status is another cluster's, copied here: never a second writer
-            return
         stored = job.get("status") or {}
         status = dict(stored)
         warning = failing.mark(status, failure, self.config.reconcile_error_after, now)
-        if status == stored:
+        elsewhere = not scheduling.runs_here(job)
+        if elsewhere:  # its status is another cluster's, copied here (MultiKueue): never a second writer of it
+            warning = warning if failure.attempts == self.config.reconcile_error_after else None
+        elif status == stored:
             return
         try:
             if warning is not None:
                 self._post(job, [Event("Warning", failing.RECONCILE_ERROR, warning)], 0)
-            self._write_status(key, job, stored, status, None)
+            if not elsewhere:
+                self._write_status(key, job, stored, status, None)
         except Exception as error:
             log.warning("%s/%s: could not record that its reconciles fail (%s)", *key, error)
 
