@@ -27,7 +27,8 @@ import yaml
 
 from kubetf.core import api
 from kubetf.core import status as st
-from kubetf.core.scheduling import gangs, native, volcano
+from kubetf.core.scheduling import gangs, native
+from kubetf.core.scheduling import volcano as volcano_gang  # (`volcano` is the fixture that installs it)
 from tests.cluster import kwok
 from tests.cluster.fixture import KubeCluster, wait_for
 from tests.e2e.conftest import ROOT
@@ -38,9 +39,9 @@ SCHEDULERS = [
         native.NAME,
         marks=pytest.mark.k8s_min("1.37", reason="Kubernetes' own gang scheduling, scheduling.k8s.io/v1beta1"),
     ),
-    volcano.NAME,
+    volcano_gang.NAME,
 ]
-SHORT = {native.NAME: "k8s", volcano.NAME: "volcano"}
+SHORT = {native.NAME: "k8s", volcano_gang.NAME: "volcano"}
 IMAGE = "kubetf/python-base:bookworm"  # never pulled: kwok runs no containers
 ROUNDS = 10
 TIMEOUT = 20  # scheduleTimeoutSeconds of the gangs that cannot fit: the test runs past it
@@ -51,7 +52,7 @@ TIMEOUT = 20  # scheduleTimeoutSeconds of the gangs that cannot fit: the test ru
 
 @pytest.fixture(params=SCHEDULERS)
 def scheduler(request) -> str:
-    if request.param == volcano.NAME:
+    if request.param == volcano_gang.NAME:
         request.getfixturevalue("volcano")  # installed once per run when missing; the operator sees it
     return request.param
 
@@ -141,7 +142,7 @@ def reason_is(cluster: Cluster, namespace: str, name: str, phase: str, reason: s
 def pod_groups(cluster: Cluster, namespace: str, scheduler: str) -> dict[str, dict]:
     group, version = (
         (native.GROUP, native.VERSION) if scheduler == native.NAME
-        else (volcano.GROUP, volcano.VERSION)
+        else (volcano_gang.GROUP, volcano_gang.VERSION)
     )  # fmt: skip
     items = cluster.custom.list_namespaced_custom_object(group, version, namespace, "podgroups")["items"]
     return {g["metadata"]["name"]: g for g in items}
@@ -797,11 +798,11 @@ def test_a_converted_tfjob_with_a_volcano_scheduling_policy_runs_gang_scheduled(
     print(f"kubetf convert said:\n{converted.stderr}")
     assert converted.returncode == 0, converted.stderr
     job = next(d for d in yaml.safe_load_all(converted.stdout) if d)
-    assert job["spec"]["runPolicy"]["schedulingPolicy"]["gangScheduler"] == volcano.NAME
+    assert job["spec"]["runPolicy"]["schedulingPolicy"]["gangScheduler"] == volcano_gang.NAME
 
     timeline = Timeline(installed, space)
     KubeCluster(installed.kubeconfig, local=False).kubectl("apply", "-n", space, "-f", "-", input=converted.stdout)
-    groups = wait_for(lambda: pod_groups(installed, space, volcano.NAME), 30, "the job's Volcano PodGroup")
+    groups = wait_for(lambda: pod_groups(installed, space, volcano_gang.NAME), 30, "the job's Volcano PodGroup")
     first = group(installed, space, "mnist-volcano", 0)
     spec = groups[first]["spec"]
     assert spec["minMember"] == need and spec["queue"] == "default"

@@ -145,6 +145,7 @@ def test_the_coordinators_report_becomes_the_status():
         "eta": "4m",
         "lastReportTime": format_time(T0),
         "lastProgressTime": format_time(T0),
+        "runStartTime": format_time(T0),  # the run's first report: goodput's first step (kubetf.core.goodput)
         "history": [{"step": 1200, "epoch": 3, "time": T0, "loss": 0.31, "accuracy": 0.91}],
     }
     json.dumps(s, allow_nan=False)

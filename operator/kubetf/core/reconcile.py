@@ -13,7 +13,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from kubetf.core import api, builders, failing, node_loss, policy, refusals, scheduling, sigterm, timers
+from kubetf.core import api, builders, failing, goodput, node_loss, policy, refusals, scheduling, sigterm, timers
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.lifecycle import Decision, derive_phase, finish, finished, store_tasks, suspend
@@ -87,6 +87,7 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
         failing.mark(status, None, config.reconcile_error_after, seen.now)
     _deletions(result, seen, stale, config)
     _creations(result, decision.create, config, objects)
+    _goodput(result, seen.job.get("status") or {}, seen.now)  # with a decision stored first
     return result
 
 
@@ -310,11 +311,12 @@ def first_report_may_wait(stored: dict[str, Any], final: Plan, created: list[dic
 
 def after_creates(
     plan_: Plan, pods: list[Pod], created: list[dict[str, Any]], refusal: Refusal | None, now: float,
-    config: OperatorConfig,
+    config: OperatorConfig, stored: dict[str, Any] | None = None,
 ) -> Plan:  # fmt: skip
     """The plan once its creates were made: `created` pods exist beside `pods`, their tasks are Created and the
     phase follows; a refused create (the trial's or a real one) says why (kubetf.core.refusals). None refused:
-    any wait for refused creates is over."""
+    any wait for refused creates is over. Its goodput follows the final status (kubetf.core.goodput), counted up to
+    now when the status differs from `stored` anyway (a status write is due: it costs nothing more)."""
     status = copy.deepcopy(plan_.status)
     if refusal is None:
         status = {k: v for k, v in status.items() if k not in refusals.WAITS}
@@ -338,7 +340,19 @@ def after_creates(
         final.wake_at(timers.startup_timeout(final.job, views, status, gate is not None, now)[1])
     if refusal is not None:
         refusals.record(final, st.current_condition(plan_.status) or {}, refusal, now)
+    _goodput(final, stored or {}, now)
     return final
+
+
+def _goodput(plan_: Plan, stored: dict[str, Any], now: float) -> None:
+    """The job's goodput follows its status and the freshest progress the operator holds (kubetf.core.goodput),
+    counted up to now when the status is written anyway (it differs from `stored`): a job that trains quietly costs
+    no write for it."""
+    status = plan_.status
+    changed = {k: v for k, v in status.items() if k != "goodput"} != {k: v for k, v in stored.items() if k != "goodput"}
+    progress = plan_.progress.progress if plan_.progress is not None else status.get("progress")
+    created = st.parse_time(plan_.job["metadata"].get("creationTimestamp"))
+    goodput.account(status, created, now, refresh=changed, progress=progress)
 
 
 def _restart(

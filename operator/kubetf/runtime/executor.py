@@ -95,7 +95,7 @@ class Executor:
         # own); one that fails is retried with the job, after its status is written: the status never freezes on it.
         failed = self._write_objects(key, plan.writes)
         refusal = creation.refusal or trial_refusal
-        final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config)
+        final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config, stored)
         if not self._report_later(key, job, stored, final, creation, refusal, posted, seen.now):
             self._post(job, final.events, posted)
             if final.status != stored:

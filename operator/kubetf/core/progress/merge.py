@@ -47,7 +47,7 @@ def merge(
 
 _COUNTS = ("epoch", "epochs", "step", "steps", "evalEpoch", "evalStep", "etaSeconds")
 _NUMBERS = ("percent", "stepsPerSecond", "examplesPerSecond", "secondsPerEpoch")
-_TEXTS = ("summary", "eta", "lastReportTime", "lastProgressTime", "lastEvalTime")
+_TEXTS = ("summary", "eta", "lastReportTime", "lastProgressTime", "lastEvalTime", "runStartTime")
 
 
 def sane(progress: Any) -> dict[str, Any]:
@@ -79,6 +79,10 @@ def sane(progress: Any) -> dict[str, Any]:
             ok = value is not None
         elif key == "final":
             ok = value is True
+        elif key == "resumedFrom":
+            at = value.get("at") if isinstance(value, dict) else None
+            ok = isinstance(at, str) and rates.time_of(at) is not None and finite(value.get("lostSeconds")) is not None
+            value = {"at": value["at"], "lostSeconds": value["lostSeconds"]} if ok else None
         else:
             ok = False  # not a field of ours
         if ok:
@@ -125,6 +129,10 @@ def _merge_training(old: dict[str, Any], report: Report, now: float) -> dict[str
     moved = (new.get("epoch"), new.get("step")) != (old.get("epoch"), old.get("step")) or "lastProgressTime" not in old
     if moved:
         new["lastProgressTime"] = format_time(now)
+    if back or after_final or "lastReportTime" not in old:  # a run's first report (goodput: its first step)
+        new["runStartTime"] = format_time(now)
+    if back:  # what a restart threw away, for goodput's `redone`: the old run's lead at its own rate
+        new["resumedFrom"] = {"at": format_time(now), "lostSeconds": round(_lost_seconds(old, report), 1)}
     new["lastReportTime"] = format_time(now)
     if report.final:
         new["final"] = True
@@ -215,3 +223,14 @@ def _summary(progress: dict[str, Any], percent: float | None) -> str:
     if isinstance(progress.get("epoch"), int):
         return f"epoch {progress['epoch']}"
     return f"step {progress.get('step')}"
+
+
+def _lost_seconds(old: dict[str, Any], report: Report) -> float:
+    """How long the old run took over what the new one goes back on: its steps (else epochs) past the point the new
+    run resumed from, at the old run's rate; 0 when the rate is not known."""
+    rate, per_epoch = finite(old.get("stepsPerSecond")), finite(old.get("secondsPerEpoch"))
+    if report.step is not None and isinstance(old.get("step"), int) and rate:
+        return max(0, old["step"] - report.step) / rate
+    if report.epoch is not None and isinstance(old.get("epoch"), int) and per_epoch:
+        return max(0, old["epoch"] - report.epoch) * per_epoch
+    return 0.0

@@ -1,0 +1,112 @@
+"""Goodput (kubetf.core.goodput) through the real reconcile shell on the fake API: a job's wall time split into
+training and what was lost by cause, adding up to the wall time, in its status, and costing no status write of its
+own while it trains."""
+
+import pytest
+
+from kubetf.core import goodput
+from kubetf.core import status as st
+from kubetf.core.progress.protocol import parse_report
+
+from .test_kueue import admit, kueue_evicts, kueue_sim, queued, run
+from .test_reconcile import mwms_job
+
+pytestmark = pytest.mark.unit
+
+
+def report(sim, step, rate=10.0):
+    """The chief reports its step (as its pod would, through the progress endpoint)."""
+    body = f'{{"step": {step}, "steps": 100000, "stepsPerSecond": {rate}}}'.encode()
+    job = sim.job
+    stored = (job.get("status") or {}).get("progress")
+    sim.controller.book.report(sim.key, job["metadata"]["uid"], stored, parse_report(body), "chief", 0, True)
+
+
+def seconds(sim):
+    view = goodput.live(sim.status, st.parse_time(sim.job["metadata"]["creationTimestamp"]), sim.now)
+    return view
+
+
+def test_a_job_queued_preempted_once_and_failed_once_accounts_its_wall_time_by_cause():
+    """Issue 47's done-when: the parts add up to the wall time within 1%, in the status and as the reader sees it."""
+    sim = kueue_sim(queued(mwms_job()))
+    sim.job["metadata"]["creationTimestamp"] = st.format_time(sim.now)
+    sim.step()
+    assert sim.status["goodput"]["state"] == "queued"
+    sim.now += 100  # queued 100 s
+    admit(sim)
+    sim.step()
+    run(sim)
+    sim.step(advance=20)  # its pods start: 20 s starting
+    report(sim, 10)
+    sim.step(advance=1)
+    assert sim.status["goodput"]["state"] == "training"
+    for step in range(20, 600, 10):  # trains 59 s at 10 steps/s, to step 590
+        report(sim, step)
+        sim.step(advance=1)
+    kueue_evicts(sim)  # preempted: queued again
+    sim.step()
+    sim.gone()
+    sim.step(advance=50)  # 50 s queued
+    admit(sim)
+    sim.step()
+    run(sim)
+    sim.step(advance=10)
+    report(sim, 500)  # resumed from the checkpoint at step 500: 90 steps (9 s) redone
+    sim.step(advance=1)
+    for step in range(510, 800, 10):
+        report(sim, step)
+        sim.step(advance=1)
+    sim.exit("mnist-worker-0", 1)  # a failure: the group restarts
+    sim.step()
+    sim.gone()
+    sim.step(advance=12)
+    run(sim)
+    sim.step(advance=3)
+    report(sim, 780)
+    sim.step(advance=1)
+    sim.exit("mnist-chief-0", 0)
+    sim.step(advance=5)
+    assert sim.status["phase"] == "Succeeded"
+    view = seconds(sim)
+    wall = st.parse_time(sim.status["completionTime"]) - st.parse_time(sim.job["metadata"]["creationTimestamp"])
+    assert view.wall == pytest.approx(wall)
+    assert view.training + sum(view.lost.values()) == pytest.approx(wall, rel=0.01)
+    assert view.lost["queued"] >= 150 and view.lost["redone"] >= 8
+    assert view.lost["restarting"] > 0 and view.lost["starting"] > 0
+    stored = sim.status["goodput"]
+    assert stored["ratio"] == pytest.approx(view.ratio, abs=0.01) and stored["state"] == "ended"
+    assert stored["summary"].startswith(f"{view.ratio:.0%}")
+
+
+def test_a_job_that_trains_quietly_costs_no_status_write_for_its_goodput():
+    sim = kueue_sim(queued(mwms_job()))
+    sim.step()
+    admit(sim)
+    sim.step()
+    run(sim)
+    sim.step()
+    report(sim, 10)
+    sim.step(advance=1)
+    writes = sim.writes
+    for _ in range(5):
+        sim.step(advance=60)  # no report, no change: a reconcile (a timer) writes nothing
+    assert sim.writes == writes
+
+
+def test_the_wait_for_a_gang_is_its_own_cause():
+    from .test_gang import cluster, mwms, place
+
+    sim = cluster(mwms(), native=True)
+    sim.job["metadata"]["creationTimestamp"] = st.format_time(sim.now)
+    sim.step()
+    sim.step(advance=2)
+    assert sim.status["goodput"]["state"] == "gangWaiting"
+    sim.now += 40  # the gang waits 40 s
+    place(sim)
+    sim.step()
+    report(sim, 10)
+    sim.step(advance=5)
+    view = seconds(sim)
+    assert view.lost["gangWaiting"] == pytest.approx(40, abs=1)
+    assert view.training + sum(view.lost.values()) == pytest.approx(view.wall, rel=0.01)
