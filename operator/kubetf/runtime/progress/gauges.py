@@ -11,6 +11,7 @@ collector walked them (about 0.3 s, during which kopf's event loop stood still: 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kubetf.cluster.cache import Key
+from kubetf.core import goodput
 from kubetf.core.progress.protocol import MAX_METRICS, number
 
 JOB = ["namespace", "job"]
@@ -31,9 +33,15 @@ class _Values:
     rate: float | None = None  # steps per second
     metrics: dict[str, float] = field(default_factory=dict)
     unhealthy: str | None = None  # the reason of a True TrainingUnhealthy condition
+    # The job's goodput as its status last said it (kubetf.core.goodput), counted up to the scrape: (the status's
+    # fields it reads, its creation time)
+    goodput: tuple[dict[str, Any], float | None] | None = None
 
     def empty(self) -> bool:
-        return self.progress is None and self.rate is None and not self.metrics and self.unhealthy is None
+        return (
+            self.progress is None and self.rate is None and not self.metrics and self.unhealthy is None
+            and self.goodput is None
+        )  # fmt: skip
 
 
 class _JobsCollector(Collector):
@@ -48,9 +56,19 @@ class _JobsCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self.lock:
-            jobs = [(key, v.progress, v.rate, list(v.metrics.items()), v.unhealthy) for key, v in self.jobs.items()]
-        progress, rate, metric, health = _families()
-        for (namespace, job), ratio, steps, values, unhealthy in jobs:
+            jobs = [
+                (key, v.progress, v.rate, list(v.metrics.items()), v.unhealthy, v.goodput)
+                for key, v in self.jobs.items()
+            ]
+        progress, rate, metric, health, ratio_, training, lost = _families()
+        now = time.time()
+        for (namespace, job), ratio, steps, values, unhealthy, kept in jobs:
+            if kept is not None:  # counted up to now: a job that trains quietly writes no status for it
+                view = goodput.live(kept[0], kept[1], now)
+                ratio_.add_metric([namespace, job], view.ratio)
+                training.add_metric([namespace, job], view.training)
+                for cause, seconds in view.lost.items():
+                    lost.add_metric([namespace, job, cause], seconds)
             if ratio is not None:
                 progress.add_metric([namespace, job], ratio)
             if steps is not None:
@@ -59,7 +77,7 @@ class _JobsCollector(Collector):
                 metric.add_metric([namespace, job, name], value)
             if unhealthy is not None:
                 health.add_metric([namespace, job, unhealthy], 1)
-        yield from (progress, rate, metric, health)
+        yield from (progress, rate, metric, health, ratio_, training, lost)
 
 
 def _families() -> tuple[GaugeMetricFamily, ...]:
@@ -71,6 +89,13 @@ def _families() -> tuple[GaugeMetricFamily, ...]:
             "kubetf_job_training_unhealthy",
             "1 while a running job's training is unhealthy, by reason",
             labels=[*JOB, "reason"],
+        ),
+        GaugeMetricFamily("kubetf_job_goodput_ratio", "The share of a job's wall time that trained (0-1)", labels=JOB),
+        GaugeMetricFamily("kubetf_job_training_seconds", "Seconds of a job's wall time that trained", labels=JOB),
+        GaugeMetricFamily(
+            "kubetf_job_lost_seconds",
+            "Seconds of a job's wall time lost, by cause: queued, gangWaiting, starting, restarting, redone, suspended",
+            labels=[*JOB, "cause"],
         ),
     )
 
@@ -107,6 +132,21 @@ class JobSeries:
             job.unhealthy = unhealthy
             if job.empty():
                 del _COLLECTOR.jobs[key]
+
+    def goodput(self, key: Key, status: dict[str, Any], created: float | None) -> None:
+        """The job's goodput series, from its status (kubetf.core.goodput); none for a job that keeps none."""
+        kept: dict[str, Any] = {k: status[k] for k in ("goodput", "phase", "completionTime") if k in status}
+        with _COLLECTOR.lock:
+            job = _COLLECTOR.jobs.get(key)
+            if "goodput" not in kept:
+                if job is not None:
+                    job.goodput = None
+                    if job.empty():
+                        del _COLLECTOR.jobs[key]
+                return
+            if job is None:
+                job = _COLLECTOR.jobs[key] = _Values()
+            job.goodput = (kept, created)
 
     def remove(self, key: Key) -> None:
         """Every series of the job."""
