@@ -401,6 +401,22 @@ def test_a_preemption_chain_readmits_by_priority_and_counts_one_disruption_each(
             assert gap <= 1.0 + 0.1  # the poll's own resolution on top
 
 
+def test_a_job_with_max_disruptions_0_preempted_by_kueue_is_queued_again_and_never_failed(installed, namespace, queue):
+    """Issue 46: runPolicy.maxDisruptions caps the restarts the job's own pods cause, not Kueue's preemption
+    (docs/kueue.md: a disruption, never a failure): preempted by a higher-priority job, it waits Queued with no pod, is
+    admitted again once the other ends, and succeeds."""
+    cluster = installed
+    submit(cluster, namespace, sleeper("capped", queue, 20, priority="kubetf-e2e-low", maxDisruptions=0))
+    wait_for(lambda: running(cluster, namespace, "capped", 2), 120, "capped running", interval=0.2)
+    submit(cluster, namespace, sleeper("urgent", queue, 5, priority="kubetf-e2e-high"))
+    status = cluster.wait_phase(namespace, "capped", "Queued", timeout=60)
+    assert status["restarts"]["disruptions"] == 1 and "Preempted" in status["restarts"]["lastReason"]
+    wait_for(lambda: cluster.live_pods(namespace, "capped") == {}, 60, "capped's pods gone while it is queued")
+    cluster.wait_phase(namespace, "urgent", "Succeeded", timeout=120)
+    final = cluster.wait_phase(namespace, "capped", "Succeeded", timeout=180)
+    assert final["restarts"]["disruptions"] == 1 and final["restarts"]["failures"] == 0
+
+
 # ---------------------------------------------------------------------- many jobs: no pod before the admission
 
 MANY = 200

@@ -37,6 +37,7 @@ class FakeApi:
         self.refuse: dict[str, Exception] = {}  # pod name -> error its create raises
         self.refuse_delete: dict[str, Exception] = {}  # pod name -> error its delete raises
         self.refuse_write: dict[str, Exception] = {}  # name of an object but a pod -> error its writes raise
+        self.drop_restart_rules = False  # an API server without container restart rules drops them from pods
         self.invalid: dict[str, str] = {}  # role -> the API server's message refusing its pods (dry runs too)
         self.logs: dict[str, str] = {}  # pod name -> what its training container printed
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
@@ -383,6 +384,10 @@ class FakeApi:
 
     def _create_pod(self, obj: Obj) -> Obj:
         pod = copy.deepcopy(obj)
+        if self.drop_restart_rules:
+            for container in pod["spec"]["containers"]:
+                container.pop("restartPolicyRules", None)
+                container.pop("restartPolicy", None)
         pod["metadata"]["uid"] = f"uid-{next(self.uids)}"
         pod["metadata"]["creationTimestamp"] = st.format_time(self.clock())
         pod["status"] = {"phase": "Pending"}

@@ -407,7 +407,7 @@ def test_a_refused_create_keeps_what_was_created_and_backs_off_per_job():
     del shell.api.refuse["mnist-worker-0"]
     shell.controller.reconcile(shell.key)
     assert sorted(shell.api.pods) == ["mnist-chief-0", "mnist-worker-0", "mnist-worker-1"]
-    assert shell.status()["restarts"] == {"failures": 0, "disruptions": 0, "total": 0}
+    assert shell.status()["restarts"] == {"failures": 0, "disruptions": 0, "total": 0, "inPlace": "Enabled"}
 
 
 def test_the_periodic_refresh_relists_and_acts_on_a_deletion_the_watch_missed():

@@ -185,6 +185,7 @@ def test_mwms_eviction_restarts_the_whole_group_as_a_disruption():
         "lastReason": sim.status["restarts"]["lastReason"],
         "lastKind": "Disruption",
         "lastTime": st.format_time(T0),
+        "inPlace": "Enabled",  # failures restart in place; this disruption replaced the pods as always
     }
 
 

@@ -252,6 +252,7 @@ def test_defaults_come_from_the_crd():
         "forceDeleteOnNodeLoss": True,
         "evaluatorGraceSeconds": 120,
         "schedulingPolicy": {"gangScheduler": "Auto", "onScheduleTimeout": "Fail"},
+        "restartInPlace": True,
     }
 
 

@@ -465,6 +465,12 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         float,
         "seconds past its grace period after which a terminating pod is reported stuck",
     ),
+    (
+        "--in-place-grace",
+        "in_place_grace",
+        float,
+        "seconds a MultiWorkerMirrored group restarting in place has for its members to exit by themselves",
+    ),
 )
 
 

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from kubetf.core import api, policy, scheduling
+from kubetf.core import api, inplace, policy, scheduling
 from kubetf.core import status as st
 from kubetf.core.scheduling import volcano, workload
 from kubetf.core.types import Resource
@@ -100,7 +100,9 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     }
     for key in ("containerStatuses", "initContainerStatuses"):
         if key in slim_status:
-            slim_status[key] = [{k: c[k] for k in ("name", "ready", "state") if k in c} for c in slim_status[key] or []]
+            # restartCount and lastState: an exit restarted in place (kubetf.core.inplace)
+            kept = ("name", "ready", "state", "restartCount", "lastState")
+            slim_status[key] = [{k: c[k] for k in kept if k in c} for c in slim_status[key] or []]
     if "conditions" in slim_status:
         kept = ("type", "status", "reason", "message", "lastTransitionTime")
         slim_status["conditions"] = [{k: c[k] for k in kept if k in c} for c in slim_status["conditions"] or []]
@@ -117,6 +119,7 @@ def pod_signature(pod: Obj) -> tuple[Any, ...]:
         st.pending_reason(pod),
         policy.disruption_reason(pod),
         (pod.get("metadata") or {}).get("finalizers"),
+        inplace.exits(pod)[0],  # an exit restarted in place
     )
 
 

@@ -94,6 +94,10 @@ class OperatorConfig:
     # autoscaler adds nodes); an old pod still there this long after its grace period is reported stuck.
     scheduling_grace: float = 30.0
     stuck_margin: float = 15.0
+    # A MultiWorkerMirrored group restart in place (kubetf.core.inplace): how long the members of the failed one's
+    # group have to exit by themselves (their collectives fail within seconds) before they are recreated instead;
+    # their exits meanwhile are that one restart.
+    in_place_grace: float = 30.0
     # A MultiWorkerMirrored group restart (kubetf.core.sigterm): seconds after the first member's SIGTERM to look
     # for TensorFlow's "SIGTERM caught" line; the grace period of the rest once it is found; how far before the
     # SIGTERM the log is read from (the clocks of the API server and the node differ).

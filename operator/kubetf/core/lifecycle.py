@@ -130,9 +130,19 @@ def _is_running_evaluator(pod: Pod) -> bool:
 
 
 def store_tasks(status: dict[str, Any], views: dict[str, TaskView]) -> None:
-    status["tasks"] = {key: {"attempt": v.attempt, "state": v.state} for key, v in views.items()}
+    status["tasks"] = {key: _record(v) for key, v in views.items()}
     status["replicaStatuses"] = st.replica_statuses(views)
     status["ready"] = f"{_ready(views)}/{len(views)}"
+
+
+def _record(view: TaskView) -> dict[str, Any]:
+    record: dict[str, Any] = {"attempt": view.attempt, "state": view.state}
+    if view.exits:
+        record["exits"] = view.exits
+    if view.in_place_by is not None:
+        record["inPlaceBy"] = st.format_time(view.in_place_by)
+        record["exitsAt"] = view.exits_at or 0
+    return record
 
 
 def _ready(views: dict[str, TaskView]) -> int:

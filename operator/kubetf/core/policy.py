@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubetf.core import api
+from kubetf.core import api, inplace
 from kubetf.core import status as st
 from kubetf.core.api import Job
 from kubetf.core.status import COMPLETED, CREATED, TaskView
@@ -45,6 +45,7 @@ class Termination:
     outcome: Outcome
     reason: str
     exit_code: int | None = None
+    in_place: bool = False  # the program exited and its pod lives on: the kubelet restarts it (kubetf.core.inplace)
 
 
 def classify_exit(
@@ -160,6 +161,13 @@ def termination(job: Job, view: TaskView) -> Termination | None:
     how = classify_pod(pod, restart_policy)
     if how is not None:
         return how
+    exits, last = inplace.exits(pod)
+    if exits > view.exits and last is not None and not st.is_deleting(pod):
+        code, oom = int(last.get("exitCode", 1)), last.get("reason") == "OOMKilled"
+        ended = classify_exit(code, restart_policy, oom_killed=oom)
+        words = _last_line(last.get("message"))
+        said = f"{ended.reason}: {words}" if words and ended.outcome is Outcome.FAILED else ended.reason
+        return dataclasses.replace(ended, reason=said, in_place=True)
     reason = disruption_reason(pod)
     if st.is_deleting(pod):
         # Only stale pods are deleted by the operator while a job runs: anyone else's deletion is a disruption.

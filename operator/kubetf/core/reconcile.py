@@ -13,7 +13,19 @@ import copy
 import dataclasses
 from typing import Any
 
-from kubetf.core import api, builders, failing, goodput, node_loss, policy, refusals, scheduling, sigterm, timers
+from kubetf.core import (
+    api,
+    builders,
+    failing,
+    goodput,
+    inplace,
+    node_loss,
+    policy,
+    refusals,
+    scheduling,
+    sigterm,
+    timers,
+)
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.lifecycle import Decision, derive_phase, finish, finished, store_tasks, suspend
@@ -165,6 +177,7 @@ def _live(d: Decision, seen: Observed) -> tuple[list[Pod], list[dict[str, Any]]]
     if expired:
         d.fail("DeadlineExceeded", expired, pods)
         return [], []
+    _settle_in_place(d, views)
     ended = policy.ended(job, views)
     store_tasks(status, views)
     if policy.succeeded(job, {(v.role, v.index) for v in views.values() if v.state == COMPLETED}):
@@ -222,6 +235,29 @@ def _live(d: Decision, seen: Observed) -> tuple[list[Pod], list[dict[str, Any]]]
     return stale, placing.create
 
 
+def _settle_in_place(d: Decision, views: dict[str, TaskView]) -> None:
+    """The members of a group restarting in place (kubetf.core.inplace): their exits within its window are that one
+    restart's, never counted again; when it closes, a member that never left its old program is recreated."""
+    for view in views.values():
+        if view.in_place_by is None:
+            continue
+        pod = view.pod
+        alive = pod is not None and not st.is_deleting(pod) and not st.is_finished(pod)
+        exits = inplace.exits(pod)[0] if pod is not None and alive else view.exits
+        view.exits = max(view.exits, exits)
+        if d.now < view.in_place_by and alive:
+            d.plan.wake_at(view.in_place_by)
+            continue
+        stayed = alive and view.exits <= (view.exits_at or 0)
+        view.in_place_by = view.exits_at = None
+        if stayed and pod is not None:  # its program never exited: replaced as before
+            view.stale.append(pod)
+            view.pod = None
+            view.attempt += 1
+            view.state = WAITING
+            d.plan.persist_first = True
+
+
 def _replace(d: Decision, views: dict[str, TaskView], seen: Observed) -> list[tuple[str, Pod]]:
     """Create the tasks that have no pod, each joined to what its schedulers say. A task's replacement is created
     only once its old pod is gone (the name is free) and no old pod of a task it restarts together with
@@ -246,6 +282,8 @@ def _replace(d: Decision, views: dict[str, TaskView], seen: Observed) -> list[tu
             d.plan.wake_at(restart_after)
             continue
         pod = builders.desired_pod(job, view.role, view.index, view.attempt, d.config.progress_url)
+        if inplace.enabled(job, status):
+            inplace.apply(pod, job, view.role)
         for integration in d.integrations:
             integration.join(situation, pod, view.role)
         d.create.append(pod)
@@ -300,12 +338,14 @@ def first_report_may_wait(stored: dict[str, Any], final: Plan, created: list[dic
     choice made again differs only if the cluster's gang APIs came meanwhile, as after an operator that stopped
     between its creates and its status write)."""
     chosen = (final.status.get("gang") or {}).get("scheduler")
+    in_place = (final.status.get("restarts") or {}).get("inPlace")
     return (
         not stored.get("phase")
         and final.status.get("phase") == st.PENDING
         and bool(created)
         and refusal is None
         and chosen in (None, scheduling.NONE)
+        and in_place == inplace.mode(final.job, {})  # what the API server said of restart rules is kept
     )
 
 
@@ -328,6 +368,11 @@ def after_creates(
         found = st.pod_task(pod)
         if found:
             tasks[st.task_key(found[0], found[1])] = {"attempt": found[2], "state": CREATED}
+    if created:  # which way its failures restart, now that the API server said whether it keeps restart rules
+        restarts = status.setdefault("restarts", {})
+        restarts["inPlace"] = inplace.mode(final.job, status)
+        if inplace.dropped(created):
+            restarts["inPlace"] = inplace.UNSUPPORTED
     if status.get("phase") not in (*st.FINISHED, st.SUSPENDED):
         views, _ = st.observe(dict(final.job, status=status), [*pods, *created])
         decision = Decision(final.job, status, now, final, config, announce=False)
@@ -384,19 +429,29 @@ def _restart(
     restarts["lastKind"] = "Disruption" if disrupted else "Failure"
     restarts["lastTime"] = st.format_time(d.now)
     targets = _restart_targets(d, views, ended, everything)
+    # The cause restarted in its own pod (kubetf.core.inplace): so does the rest of its group, each exiting by itself
+    # within the window (a member that does not is recreated when it closes).
+    in_place = cause.in_place and inplace.enabled(job, status)
+    window = d.now + d.config.in_place_grace if in_place and len(targets) > 1 else None
     for role, index in targets:
         view = views[st.task_key(role, index)]  # a finished one too: the new group needs it (restart_targets)
+        exits = inplace.exits(view.pod)[0] if view.pod is not None else 0
+        if in_place and view.pod is not None and not st.is_deleting(view.pod) and not st.is_finished(view.pod):
+            view.exits_at = view.exits if window is not None else None
+            view.exits, view.in_place_by = max(view.exits, exits), window
+            continue
         if view.pod is not None:
             view.stale.append(view.pod)
             view.pod = None
         view.attempt += 1
         view.state = WAITING
     store_tasks(status, views)
-    if not disrupted:
+    if not disrupted and not in_place:  # in place, the kubelet's crash-loop back-off times the restart
         status["restartAfter"] = st.format_time(d.now + policy.backoff_seconds(job, restarts["failures"]))
     restarted = ", ".join(builders.pod_name(api.name(job), r, i) for r, i in targets)
     reason = "Disrupted" if disrupted else "Failed"
-    d.transition(st.RESTARTING, reason, f"{name} {decision.reason}; restarting {restarted}", "Warning")
+    how = " in place" if in_place else ""
+    d.transition(st.RESTARTING, reason, f"{name} {decision.reason}; restarting {restarted}{how}", "Warning")
     return targets
 
 

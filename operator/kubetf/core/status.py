@@ -93,8 +93,19 @@ def is_ready(pod: Pod) -> bool:
 
 
 def is_started(pod: Pod) -> bool:
-    """Its containers run (or just finished): the task takes part, ready or not."""
-    return (pod.get("status") or {}).get("phase") in ("Running", "Succeeded") and not is_deleting(pod)
+    """Its containers run (or just finished): the task takes part, ready or not. Not while its training container,
+    exited, waits to be restarted in its pod (kubetf.core.inplace)."""
+    status = pod.get("status") or {}
+    if status.get("phase") not in ("Running", "Succeeded") or is_deleting(pod):
+        return False
+    if status.get("phase") == "Running":
+        spec = pod.get("spec") or {}
+        names = [c.get("name") for c in spec.get("containers") or []]
+        name = names[api.training_container_index(spec)] if names else None
+        found = next((c for c in status.get("containerStatuses") or [] if c.get("name") == name), None)
+        if found is not None and "running" not in (found.get("state") or {"running": {}}):
+            return False
+    return True
 
 
 def unscheduled_since(pod: Pod, not_before: float | None = None) -> float | None:
@@ -139,6 +150,11 @@ class TaskView:
     state: str  # WAITING | CREATED | COMPLETED
     pod: Pod | None = None  # the current attempt's pod
     stale: list[Pod] = field(default_factory=list)  # pods of older attempts, to be gone before a new one
+    # Restarts in place (kubetf.core.inplace): the exits of its pod's training container accounted for so far, and
+    # until when an exit of it is part of a group restart already decided (not a new one).
+    exits: int = 0
+    in_place_by: float | None = None
+    exits_at: int | None = None  # its exits when that group restart was decided
 
     @property
     def key(self) -> str:
@@ -191,8 +207,9 @@ def observe(job: Job, pods: list[Pod]) -> tuple[dict[str, TaskView], list[Pod]]:
     for role, index in api.tasks(job):
         record = records.get(task_key(role, index)) or {}
         views[task_key(role, index)] = TaskView(
-            role, index, int(record.get("attempt", 0)), record.get("state", WAITING)
-        )
+            role, index, int(record.get("attempt", 0)), record.get("state", WAITING), exits=int(record.get("exits", 0)),
+            in_place_by=parse_time(record.get("inPlaceBy")), exits_at=record.get("exitsAt"),
+        )  # fmt: skip
     orphans = []
     for pod in pods:
         found = pod_task(pod)

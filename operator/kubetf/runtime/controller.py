@@ -23,7 +23,7 @@ from kubetf.cluster.kube import describe, is_transient
 from kubetf.cluster.kube_api import KubeApi, NotLeader, Refused
 from kubetf.cluster.podwatch import PodWatch
 from kubetf.cluster.workqueue import Expectations, ShutDown, WorkQueue
-from kubetf.core import api, policy, reconcile, refusals, scheduling
+from kubetf.core import api, inplace, policy, reconcile, refusals, scheduling
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import RECONCILE_ERROR, Failing
 from kubetf.core.plan import Plan
@@ -380,7 +380,7 @@ class Controller:
             changed = self.store.put_pod(key, pod)
         if changed:
             phase = (pod.get("status") or {}).get("phase")
-            if gone or phase in ("Succeeded", "Failed") or policy.disruption_reason(pod):
+            if gone or phase in ("Succeeded", "Failed") or policy.disruption_reason(pod) or inplace.exited(dict(pod)):
                 self.queue.add(key, URGENT)
             else:  # it started, was scheduled, turned ready: its peers' same changes follow, all in one reconcile
                 self.queue.at(self.clock() + self.config.pod_batch_seconds, key, FOLLOW)
