@@ -60,14 +60,17 @@ for step in range(1, 601):
 """
 
 
-# The program's first run trains a little and crashes; its second resumes from an older checkpoint, reports once
-# and hangs (a collective waiting for a peer that never comes). The crash's exit still sent its last state marked
-# final, as the library does at every exit.
+# The program's first run trains a little and crashes; its second (restarted in its pod, or in a new one) resumes
+# from an older checkpoint, reports once and hangs (a collective waiting for a peer that never comes). The crash's
+# exit still sent its last state marked final, as the library does at every exit. Which run it is: the pod's own
+# scratch volume (a restart in place keeps it) or its attempt (a new pod has a new one).
 CRASH_THEN_HANG_PROGRAM = """
 import os, sys, time
 from kubetf_trainer.report import flush, report
 
-if os.environ["ATTEMPT"] == "0":
+first = os.environ["ATTEMPT"] == "0" and not os.path.exists("/scratch/ran")
+open("/scratch/ran", "w").close()
+if first:
     for step in range(1, 11):
         report(epoch=step // 5, epochs=10, step=10 * step, steps=100, stepsPerSecond=20.0, metrics={"loss": 1 / step})
         time.sleep(0.5)
@@ -89,10 +92,12 @@ def program_job(program: str, workers: int = 1) -> dict:
             {"name": "ATTEMPT", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['kubetf.io/attempt']"}}},
         ],
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1536Mi"}},
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
     }
+    spec = {"containers": [container], "volumes": [{"name": "scratch", "emptyDir": {}}]}
     return {
         "strategy": "MultiWorkerMirrored",
-        "replicaSpecs": {"worker": {"replicas": workers, "template": {"spec": {"containers": [container]}}}},
+        "replicaSpecs": {"worker": {"replicas": workers, "template": {"spec": spec}}},
     }
 
 

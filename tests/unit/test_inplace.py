@@ -152,3 +152,16 @@ def test_a_job_that_asks_for_no_restarts_in_place_gets_no_rules():
     sim.step()
     assert "restartPolicyRules" not in sim.pods["mnist-worker-0"]["spec"]["containers"][0]
     assert sim.status["restarts"]["inPlace"] == "Disabled"
+
+
+def test_a_kubelet_that_ignores_the_rules_ends_the_pod_which_is_recreated_and_the_job_says_so():
+    sim = Sim(ps_job())
+    sim.step()
+    running(sim)
+    sim.exit("mnist-worker-1", 1)  # a kubelet older than 1.34 ends the pod although it has restart rules
+    sim.step()
+    assert sim.status["restarts"]["inPlace"] == "Unsupported" and sim.status["restarts"]["failures"] == 1
+    sim.gone()
+    plan = sim.step(advance=20)
+    assert [p["metadata"]["name"] for p in plan.create] == ["mnist-worker-1"]
+    assert "restartPolicyRules" not in plan.create[0]["spec"]["containers"][0]

@@ -80,6 +80,7 @@ def main(argv=None) -> int:
             backup_freq=kargs.backup_freq(args.backup_freq),
             save_before_preemption=not args.no_preemption_checkpoint,
             hold_after_epoch=args.hold_after_epoch,
+            fail_after_epoch=args.fail_after_epoch,
         ),
     )
     kt.finish(model, info, epochs=args.epochs, history=history)

@@ -50,6 +50,12 @@ def add_arguments(
         default=None,
         help="tests: wait after this epoch until $KUBETF_CHECKPOINT_DIR/release exists (or SIGTERM)",
     )
+    g.add_argument(
+        "--fail-after-epoch",
+        default=None,
+        help="tests: ROLE-INDEX:EPOCH, that task's program exits 1 at the end of that epoch, once (its marker in "
+        "$KUBETF_CHECKPOINT_DIR)",
+    )
     g.add_argument("--eval-steps", type=int, default=None, help="evaluator: batches per evaluation")
     g.add_argument(
         "--eval-idle-timeout",

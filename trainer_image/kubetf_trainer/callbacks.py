@@ -135,6 +135,25 @@ class Hold(tf.keras.callbacks.Callback):
         emit("released", self.info, epoch=self.after_epoch)
 
 
+class Fail(tf.keras.callbacks.Callback):
+    """The program exits 1 at the end of epoch ``after_epoch`` (1-based, its backup written), once: ``marker`` (on
+    the checkpoint volume, which outlives the program's pod and its restarts) says it did. For tests and the resume
+    benchmark: a program's failure at a known point. Put it last in the callback list."""
+
+    def __init__(self, after_epoch: int, marker: str, info: TaskInfo | None = None):
+        super().__init__()
+        self.after_epoch, self.marker, self.info = after_epoch, marker, info or task_info()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if epoch + 1 != self.after_epoch or os.path.exists(self.marker):
+            return
+        with open(self.marker, "w") as out:
+            out.write(f"{time.time()}\n")
+        emit("failing", self.info, epoch=self.after_epoch)
+        sys.stdout.flush()
+        os._exit(1)  # as a crash: no teardown, the peers' collectives fail
+
+
 def _exit_held(signum: int, frame: Any) -> None:
     sys.stdout.flush()
     os._exit(SIGTERM_EXIT_CODE)

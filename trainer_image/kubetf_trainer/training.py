@@ -19,7 +19,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf
 
 from . import report
-from .callbacks import BackupAndRestore, Hold, Progress, TensorBoard
+from .callbacks import BackupAndRestore, Fail, Hold, Progress, TensorBoard
 from .env import TaskInfo, task_info
 from .progress import emit
 
@@ -47,6 +47,7 @@ def standard_callbacks(
     tensorboard: bool = True,
     progress: bool = True,
     hold_after_epoch: int | None = None,
+    fail_after_epoch: str | None = None,
 ) -> list[Any]:
     """The callbacks every kubetf example uses, in the order that matters:
 
@@ -59,7 +60,9 @@ def standard_callbacks(
     4. ``Progress``: JSON lines, printed after the epoch's backup is written, and progress reports to the
        operator,
     5. ``Hold`` (``hold_after_epoch``, for tests): the program waits after that epoch until the file
-       ``$KUBETF_CHECKPOINT_DIR/release`` exists or SIGTERM ends it.
+       ``$KUBETF_CHECKPOINT_DIR/release`` exists or SIGTERM ends it;
+       ``Fail`` (``fail_after_epoch``, ``ROLE-INDEX:EPOCH``, for tests and ``make bench-resume``): that task's
+       program exits 1 after that epoch's backup, once.
     """
     info = info or task_info()
     out: list[Any] = []
@@ -82,6 +85,10 @@ def standard_callbacks(
         out.append(Progress(info))
     if hold_after_epoch is not None:
         out.append(Hold(hold_after_epoch, os.path.join(info.checkpoint_dir, "release"), info))
+    if fail_after_epoch is not None:
+        task, _, epoch = fail_after_epoch.rpartition(":")
+        if task == f"{info.role}-{info.index}":
+            out.append(Fail(int(epoch), os.path.join(info.checkpoint_dir, f"failed-{task}"), info))
     return out
 
 

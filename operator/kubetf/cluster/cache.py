@@ -85,10 +85,13 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     # the pod at once (executor).
     if meta.get("finalizers"):
         slim_meta["finalizers"] = list(meta["finalizers"])
-    # The gang's PodGroup the pod is in (gangs.pod_group_of): an older generation's goes once no pod is in it.
-    group = (meta.get("annotations") or {}).get(volcano.GROUP_ANNOTATION)
-    if group:
-        slim_meta["annotations"] = {volcano.GROUP_ANNOTATION: group}
+    # The gang's PodGroup the pod is in (gangs.pod_group_of): an older generation's goes once no pod is in it; and
+    # whether it was given restart rules (kubetf.core.inplace.ignored).
+    kept_annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k in (volcano.GROUP_ANNOTATION, inplace.ASKED)
+    }
+    if kept_annotations:
+        slim_meta["annotations"] = kept_annotations
     slim_spec: Obj = {"containers": [{"name": c.get("name")} for c in spec.get("containers") or []]}
     for name in ("nodeName", "schedulingGroup"):
         if spec.get(name):

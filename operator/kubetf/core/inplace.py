@@ -103,3 +103,17 @@ def exited(pod: Pod) -> bool:
     if status.get("phase") in ("Succeeded", "Failed"):
         return False
     return any("terminated" in (c.get("state") or {}) for c in status.get("containerStatuses") or [])
+
+
+def ignored(pod: Pod | None, job: Job, role: str, exit_code: int | None) -> bool:
+    """A pod the operator gave restart rules ended on an exit they would have restarted: its kubelet does not serve
+    them (older than 1.34, or the feature off on that node). Its job's next pods are recreated as before."""
+    if pod is None or exit_code is None or (pod.get("status") or {}).get("phase") != "Failed":
+        return False
+    if not ((pod.get("metadata") or {}).get("annotations") or {}).get(ASKED):
+        return False
+    for rule in rules(job, role):
+        codes = rule["exitCodes"]
+        if (exit_code in codes["values"]) == (codes["operator"] == "In"):
+            return True
+    return False

@@ -422,6 +422,8 @@ def _restart(
         d.transition(st.FAILED, reason, f"{name}: {detail}", "Warning")
         return None
     disrupted = cause.outcome is Outcome.DISRUPTED
+    if not cause.in_place and inplace.ignored(cause_view.pod, job, cause_view.role, cause.exit_code):
+        restarts["inPlace"] = inplace.UNSUPPORTED  # its kubelet ignored the rules: recreated, as every next one
     kind = "disruptions" if disrupted else "failures"
     restarts[kind] = restarts.get(kind, 0) + 1
     restarts["total"] = restarts.get("failures", 0) + restarts.get("disruptions", 0)
