@@ -28,7 +28,7 @@ KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
 .PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster test-trainer-beside-alone \
-	test-unit-beside-lint-kueue test-k8s-1.35 test-cluster-staged \
+	test-unit-beside-lint-kueue test-k8s-1.35 test-k8s-1.36 test-cluster-staged \
 	cluster cluster-down images install \
 	demo demo-kueue bench bench-scale bench-compare bench-call-cost bench-kueue bench-kueue-scale bench-progress
 help:
@@ -174,6 +174,12 @@ K8S_1_35 ?= v1.35.8
 submake = $(MAKE)
 test-k8s-1.35: venv tools ## integration and e2e tiers on the local cluster at Kubernetes 1.35, then it is put back (~30 min)
 	tests/cluster/with-k8s.sh $(K8S_1_35) -- $(submake) --no-print-directory test-cluster-staged
+
+# Kubernetes 1.36, as 1.35 above: the newest 1.36 patch the Go module proxy serves (v1.36.1 and v1.36.3, November
+# 2026); the Workload API off (alpha in 1.36, as 1.36 ships it), container restart rules on (beta since 1.35).
+K8S_1_36 ?= v1.36.3
+test-k8s-1.36: venv tools ## integration and e2e tiers on the local cluster at Kubernetes 1.36, then it is put back (~30 min)
+	tests/cluster/with-k8s.sh $(K8S_1_36) -- $(submake) --no-print-directory test-cluster-staged
 
 # The cluster tiers' stages as `make test` runs them (no unit, no trainer), each timed; every stage runs even after
 # one failed (a compatibility run reports everything), then the summary table; fails if any stage failed.
