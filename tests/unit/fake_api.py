@@ -38,6 +38,8 @@ class FakeApi:
         self.refuse_delete: dict[str, Exception] = {}  # pod name -> error its delete raises
         self.refuse_write: dict[str, Exception] = {}  # name of an object but a pod -> error its writes raise
         self.drop_restart_rules = False  # an API server without container restart rules drops them from pods
+        self.event_names: set[str] = set()  # the Events posted, by name
+        self.refuse_events: list[Exception | None] = []  # what the next Event posts raise, one each (None: nothing)
         self.invalid: dict[str, str] = {}  # role -> the API server's message refusing its pods (dry runs too)
         self.logs: dict[str, str] = {}  # pod name -> what its training container printed
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
@@ -459,8 +461,13 @@ class FakeApi:
             raise LogUnreadable("500: no preferred addresses found; known addresses: []")
         return self.logs.get(pod["metadata"]["name"], "")
 
-    def event(self, job: Obj, type_: str, reason: str, message: str) -> None:
+    def event(self, job: Obj, type_: str, reason: str, message: str, name: str | None = None) -> None:
         self.calls.append("create Event")
+        if name is not None and name in self.event_names:
+            return  # AlreadyExists: posted before
+        if self.refuse_events and (error := self.refuse_events.pop(0)) is not None:
+            raise error
+        self.event_names.add(name or f"generated-{len(self.recorded)}")
         self.recorded.append((type_, reason, message))
 
 

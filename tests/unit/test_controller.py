@@ -939,3 +939,45 @@ def test_a_pod_with_the_jobs_labels_that_is_not_its_own_is_never_touched_and_its
     plan = shell.controller.reconcile(shell.key)  # suspended: every pod of the job goes, and only those
     assert "mnist-worker-1" not in {p["metadata"]["name"] for p in plan.delete}
     assert not shell.api.pods["mnist-worker-1"]["metadata"].get("deletionTimestamp")
+
+
+def test_a_restarts_event_a_killed_operator_did_not_post_is_posted_once_by_the_next():
+    """Issue 49: held events lived in memory only: an operator killed between the restart's status write and its
+    post lost them. The decision stores them with it; the next operator posts them, under their own names."""
+    from .test_reconcile import Sim, mwms_job
+
+    sim = Sim(mwms_job())
+    sim.step()
+    sim.run()
+    sim.step()
+    sim.evict("mnist-worker-1")
+    sim.api.deliver(sim.controller)
+    sim.api.refuse_events.append(RuntimeError("the operator is killed here"))
+    with pytest.raises(RuntimeError):
+        sim.controller.reconcile(sim.key)
+    assert sim.status["restarts"]["disruptions"] == 1 and sim.status["pendingEvents"]  # stored with the decision
+    assert [r for _, r, _ in sim.api.recorded].count("Disrupted") == 0
+    sim.restart_operator()
+    sim.step()
+    sim.step()
+    assert [r for _, r, _ in sim.api.recorded].count("Disrupted") == 1  # posted once: not lost, not doubled
+    assert sim.status["restarts"]["disruptions"] == 1
+
+
+def test_a_failed_post_of_the_second_of_two_held_events_posts_only_that_one_again():
+    """Issue 49: the retry of a failed post posted every held event again (events had generated names)."""
+    from kubetf.core.types import Event
+
+    from .test_reconcile import Sim, mwms_job
+
+    sim = Sim(mwms_job())
+    sim.step()
+    key, job = sim.key, sim.job
+    held = [Event("Warning", "Disrupted", "the first"), Event("Normal", "SigtermIgnored", "the second")]
+    sim.controller.executor.held_events[key] = (job["metadata"]["uid"], held, None)
+    sim.api.refuse_events = [None, RuntimeError("503: the second's post")]
+    with pytest.raises(RuntimeError):
+        sim.controller.executor._post_held(key, job)
+    sim.controller.executor._post_held(key, job)  # the retry
+    said = [m for _, _, m in sim.api.recorded]
+    assert said.count("the first") == 1 and said.count("the second") == 1

@@ -804,11 +804,13 @@ class Kube:
 
     # ------------------------------------------------------------------ events
 
-    def event(self, job: Obj, type_: str, reason: str, message: str) -> None:
+    def event(self, job: Obj, type_: str, reason: str, message: str, name: str | None = None) -> None:
+        """Post an Event on the job; with `name`, once: an Event of that name already there is this one."""
         meta = job["metadata"]
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        identity = {"name": name} if name else {"generateName": f"{meta['name']}."}
         body = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {**identity, "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": api.API_VERSION,
                 "kind": api.KIND,
@@ -829,6 +831,8 @@ class Kube:
         try:
             self._call("create", "events", self.core.create_namespaced_event, meta["namespace"], body)
         except ApiException as error:
+            if error.status == 409 and name:
+                return  # posted before (a retry, an operator that stopped after its post)
             if error.status in (409, 429) or (error.status or 0) >= 500:
                 raise  # transient: the reconcile fails before the status records the decision, and posts it again
             # Refused for good (forbidden, invalid, namespace going away): never worth failing a reconcile for.

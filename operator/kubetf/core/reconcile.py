@@ -83,6 +83,10 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
     assert seen.job is not None and scheduling.runs_here(seen.job), "a job that does not run here has no plan"
     status: dict[str, Any] = copy.deepcopy(seen.job.get("status") or {})
     result = Plan(job=api.with_defaults(seen.job), status=status, admission=seen.admission)
+    # The events a decision stored with its status and an operator that stopped did not post (kubetf.runtime
+    # .executor): posted first now, under their own names (one posted already is not posted again).
+    result.events += [Event(e["type"], e["reason"], e["message"]) for e in status.pop("pendingEvents", None) or []
+                      if isinstance(e, dict) and {"type", "reason", "message"} <= set(e)]  # fmt: skip
     status.setdefault("restarts", {"failures": 0, "disruptions": 0, "total": 0})
     generation = seen.job["metadata"].get("generation")
     if generation is not None:

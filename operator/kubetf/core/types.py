@@ -7,8 +7,9 @@ controller reference (`owned_by`): never by a name or a label, which anyone can 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 Obj = dict[str, Any]
@@ -21,6 +22,16 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+
+    def name(self, job: Obj) -> str:
+        """The Event object's name: the same for the same event of the same job (its uid) in the same run of it (its
+        restart count), so a post made again (a retry, another operator after a crash) is the one already there."""
+        meta, restarts = job.get("metadata") or {}, ((job.get("status") or {}).get("restarts") or {})
+        said = f"{meta.get('uid')}|{restarts.get('total', 0)}|{self.type}|{self.reason}|{self.message}"
+        return f"{meta.get('name')}.{hashlib.sha1(said.encode()).hexdigest()[:16]}"
+
+    def as_status(self) -> dict[str, str]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Carries a plan out (kubetf.core.plan), in its fixed order, deciding nothing: every choice is in the plan.
 
-Events go out before the status write that records their decision (a crash repeats an event, never loses one),
-but for a decision that must be stored before pods are touched (a restart, a failure, a suspend): its events go out
-after its deletes, which a preemption's replacements wait for (a failed post is kept and posted by the retry; a
-crash between the two loses them, and the status's condition still says the decision).
+Events go out before the status write that records their decision, but for a decision that must be stored before
+pods are touched (a restart, a failure, a suspend): its events go out after its deletes, which a preemption's
+replacements wait for, and are stored with the decision (`pendingEvents`: an operator that stops before it posts them
+leaves them to the next). Each event has a name of its own (`Event.name`): posted again, by a retry or the next
+operator, it is the one already there; none is lost, none is posted twice.
 Its own creates and deletes are recorded as expectations (cluster.workqueue), so no reconcile acts on a cache that
 has not seen them; created pods go into the cache at once, so their ADDED events bring no reconcile.
 """
@@ -72,6 +73,9 @@ class Executor:
         # latest (None: a restart's, posted once its deletes are made).
         self.held_events: dict[Key, tuple[str, list[Event], float | None]] = {}
         self.admitted = refusals.Admitted(config.admitted_shape_seconds)
+        # The names of the events posted for each job while its status may still list them as pending (a decision
+        # stored first stores its events with it): not posted again when its next reconcile takes them back.
+        self.posted: dict[Key, set[str]] = {}
 
     def carry_out(self, key: Key, seen: Observed, plan: Plan | Bookkeeping) -> Plan | None:
         """Do what `plan` says; returns the final plan (after its creates). Raises what stopped it: an API error
@@ -85,7 +89,11 @@ class Executor:
         plan, trial_refusal = self._try(job, plan, seen.now)
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
-            job, stored = self._write_status(key, job, stored, plan.status, plan)
+            # With its events: an operator that stops before it posts them leaves them to the next one
+            # (kubetf.core.reconcile takes them back), posted under the same names: never lost, never twice.
+            pending = [e.as_status() for e in plan.events]
+            first = {**plan.status, "pendingEvents": pending} if pending else plan.status
+            job, stored = self._write_status(key, job, stored, first, plan)
             # Held, then posted after the deletes below: counted as posted, so the final post leaves them out.
             posted = self._hold_events(key, job, plan.events)
         self._delete(key, plan)
@@ -97,8 +105,10 @@ class Executor:
         refusal = creation.refusal or trial_refusal
         final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config, stored)
         if not self._report_later(key, job, stored, final, creation, refusal, posted, seen.now):
-            self._post(job, final.events, posted)
-            if final.status != stored:
+            self._post(job, final.events, posted, key)
+            # Events stored as pending (and posted since) go with the next write the job makes anyway, not one of
+            # their own: a later reconcile that takes them back finds them posted (`posted`).
+            if _but_pending(final.status) != _but_pending(stored):
                 self._write_status(key, job, stored, final.status, final)
             elif final.progress is not None and _without_history(final.progress.progress) == _without_history(
                 stored.get("progress")
@@ -129,6 +139,7 @@ class Executor:
             with self.lock:
                 self.sigterm.pop(key, None)
                 self.held_events.pop(key, None)
+                self.posted.pop(key, None)
         else:
             self.record_phase(key, (plan.status or job.get("status") or {}).get("phase"))
         self._release(key, plan.release)
@@ -226,7 +237,13 @@ class Executor:
             return
         uid, events, due = held
         if uid == job["metadata"]["uid"]:
-            self._post(job, events, 0)
+            for posted, event in enumerate(events):
+                try:
+                    self._post(job, [event], 0, key)
+                except Exception:
+                    with self.lock:  # the retry posts the rest, not again those posted
+                        self.held_events[key] = (uid, events[posted:], due)
+                    raise
         with self.lock:
             self.held_events.pop(key, None)
         if due is not None:
@@ -331,13 +348,21 @@ class Executor:
         creation.created = [o for o in creation.created if o.get("kind") == "Pod"]
         return creation
 
-    def _post(self, job: dict[str, Any], events: list[Event], start: int) -> int:
-        """Post `events[start:]`; returns how many are posted."""
+    def _post(self, job: dict[str, Any], events: list[Event], start: int, key: Key | None = None) -> int:
+        """Post `events[start:]`, each under its own name (`Event.name`: one posted again is the one already
+        there), but those this operator posted already (`posted`); returns how many are posted."""
         for event in events[start:]:
+            name = event.name(job)
+            with self.lock:
+                if key is not None and name in self.posted.get(key, ()):
+                    continue
             # The decisions, in the operator's log too: what it did to a job, next to what it logs of its own state.
             log.info("%s/%s: %s %s", job["metadata"].get("namespace"), job["metadata"]["name"], event.reason,
                      event.message)  # fmt: skip
-            self.kube.event(job, event.type, event.reason, event.message)
+            self.kube.event(job, event.type, event.reason, event.message, name)
+            if key is not None:
+                with self.lock:
+                    self.posted.setdefault(key, set()).add(name)
         return len(events)
 
     def _write_status(
@@ -360,6 +385,9 @@ class Executor:
         updated = self.kube.patch_job_status(job, patch)
         if updated is None:
             return job, status
+        if "pendingEvents" not in status:
+            with self.lock:
+                self.posted.pop(key, None)
         held = plan.progress if plan is not None else None
         if held is not None and status.get("progress") == held.progress:
             self.progress.written(key, job["metadata"]["uid"], held.version)
@@ -424,6 +452,10 @@ def _unhealthy(status: dict[str, Any]) -> str | None:
     """The reason of a True TrainingUnhealthy condition."""
     found = next((c for c in status.get("conditions") or [] if c.get("type") == UNHEALTHY), None)
     return found.get("reason") if found and found.get("status") == "True" else None
+
+
+def _but_pending(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k != "pendingEvents"}
 
 
 def _without_history(progress: Any) -> Any:
