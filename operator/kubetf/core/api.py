@@ -351,7 +351,7 @@ def _path(parts: Any) -> str:
 
 def _cel_problems(job: Job) -> list[Problem]:
     problems = []
-    for path, rule, value in _cel_rules(job, openapi_schema(), []):
+    for path, schema, rule, value in _cel_rules(job, openapi_schema(), []):
         if "oldSelf" in rule["rule"]:
             continue  # a transition rule: only an update of a stored job has an old object
         try:
@@ -366,14 +366,27 @@ def _cel_problems(job: Job) -> list[Problem]:
                 message = str(_cel_eval(rule["messageExpression"], value))
         field = _path(path)
         if rule.get("fieldPath"):
-            field = (field + rule["fieldPath"]) if field else rule["fieldPath"].lstrip(".")
+            field = _field_path(field, schema, rule["fieldPath"])
         problems.append(Problem(field, message or f"failed rule {rule['rule']}"))
     return problems
 
 
-def _cel_rules(value: Any, schema: dict[str, Any], path: list[Any]) -> Iterator[tuple[list[Any], dict[str, Any], Any]]:
+def _field_path(field: str, schema: dict[str, Any], relative: str) -> str:
+    """A rule's fieldPath (`.replicaSpecs.worker.template`) below `field`, spelt as the API server says it: a key of
+    a map (a schema of additionalProperties) in brackets, `spec.replicaSpecs[worker].template`."""
+    for name in relative.lstrip(".").split("."):
+        if name in schema.get("properties", {}):
+            field, schema = f"{field}.{name}" if field else name, schema["properties"][name]
+        else:
+            field, schema = f"{field}[{name}]", schema.get("additionalProperties") or {}
+    return field
+
+
+def _cel_rules(
+    value: Any, schema: dict[str, Any], path: list[Any]
+) -> Iterator[tuple[list[Any], dict[str, Any], dict[str, Any], Any]]:
     for rule in schema.get("x-kubernetes-validations", []):
-        yield path, rule, value
+        yield path, schema, rule, value
     if isinstance(value, dict):
         for key, sub in schema.get("properties", {}).items():
             if key in value:
