@@ -26,9 +26,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                 body = {"spec": {"replicas": step["replicas"]}}
                 client.AppsV1Api(api).patch_namespaced_deployment_scale(step["name"], step["namespace"], body)
             elif step["step"] == "delete-queue-name-policy":
-                from tests.integration.conftest import queue_name_policy_documents
+                from tests.integration.conftest import admission_kind
 
                 admission = client.AdmissionregistrationV1Api(api)
-                for document in reversed(queue_name_policy_documents()):
-                    kind = "validating_admission_policy" + ("_binding" if document["kind"].endswith("Binding") else "")
-                    getattr(admission, f"delete_{kind}")(document["metadata"]["name"])
+                for kind, name in reversed(step["made"]):  # the bindings first
+                    with contextlib.suppress(ApiException):
+                        getattr(admission, f"delete_{admission_kind(kind)}")(name)

@@ -112,20 +112,31 @@ class Cluster:
 
         wait_for(established, 30, "the CRD to be established")
 
-    def make_queue_name_policy(self) -> bool:
-        """The chart's ValidatingAdmissionPolicy and its binding, which check the Kueue queue label at apply time,
-        unless they exist (an installed chart's); True when made here."""
+    def make_queue_name_policy(self) -> list[tuple[str, str]]:
+        """The chart's ValidatingAdmissionPolicies and their bindings, which check the Kueue queue label at apply
+        time, each unless it exists (an installed chart's, another run's): the (kind, name) of those made here."""
         admission = client.AdmissionregistrationV1Api(self.api_client)
-        made = False
+        made = []
         for document in queue_name_policy_documents():
-            kind = "validating_admission_policy" + ("_binding" if document["kind"].endswith("Binding") else "")
             try:
-                getattr(admission, f"create_{kind}")(document)
-                made = True
+                getattr(admission, f"create_{admission_kind(document['kind'])}")(document)
+                made.append((document["kind"], document["metadata"]["name"]))
             except ApiException as error:
                 if error.status != 409:
                     raise
         return made
+
+    def refuses(self, job: dict) -> bool:
+        """The API server refuses to create the job (a server-side dry run: nothing is stored)."""
+        try:
+            self.custom.create_namespaced_custom_object(
+                api.GROUP, api.VERSION, job["metadata"]["namespace"], api.PLURAL, job, dry_run="All"
+            )
+        except ApiException as error:
+            if error.status != 422:
+                raise
+            return True
+        return False
 
     # --- jobs
     def create_job(self, namespace: str, name: str, spec: dict, **metadata: Any) -> dict:
@@ -581,8 +592,11 @@ def queue_name_policy(cluster, request) -> None:
     """The integration tier's copy of the chart's admission policy (a chart already installed has its own), made
     once per run and deleted at its end."""
     with once(request.config, "queue-name-policy") as first:
-        if first and cluster.make_queue_name_policy():
-            undo_at_end(request.config, "delete-queue-name-policy", kubeconfig=cluster.kubeconfig)
+        if first and (made := cluster.make_queue_name_policy()):
+            # Only what this run made: another run on the same cluster may be using the others.
+            undo_at_end(request.config, "delete-queue-name-policy", kubeconfig=cluster.kubeconfig, made=made)
+            # The API server enforces a new policy a moment after it is made: every policy made must refuse.
+            wait_for(lambda: all(cluster.refuses(job) for job in queue_policy_probes()), 30, "the policies enforced")
 
 
 def _installed_operators(cluster: Cluster) -> list[Any]:
@@ -664,9 +678,36 @@ def namespace(cluster, operator):
     cluster.core.delete_namespace(name)
 
 
+@pytest.fixture
+def unserved_namespace(cluster, operator):
+    """A namespace no operator serves (outside every test operator's pattern; an installed one is paused for the run:
+    the `operator` fixture), where a test writes a job's status itself, as the operator would."""
+    name = f"unserved-{WORKER}-{uuid.uuid4().hex[:8]}"
+    cluster.core.create_namespace({"metadata": {"name": name}})
+    yield name
+    cluster.core.delete_namespace(name)
+
+
 def queue_name_policy_documents() -> list[dict]:
     path = ROOT / "manifests" / "operator" / "30-queue-name-policy.yaml"
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def queue_policy_probes() -> list[dict]:
+    """A TrainingJob each admission policy refuses at create time: a queue label that cannot name a LocalQueue, and
+    MultiKueue's managedBy without a queue."""
+    container = {"name": "tensorflow", "image": "kubetf/python-base:bookworm"}
+    spec = {"replicaSpecs": {"worker": {"template": {"spec": {"containers": [container]}}}}}
+    probe = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "probe", "namespace": "default"}}
+    return [
+        {**probe, "metadata": {**probe["metadata"], "labels": {api.QUEUE_LABEL: "Not_A_Queue"}}, "spec": spec},
+        {**probe, "spec": {**spec, "managedBy": api.MANAGED_BY_MULTIKUEUE}},
+    ]
+
+
+def admission_kind(kind: str) -> str:
+    """The client's method suffix for a ValidatingAdmissionPolicy or its Binding."""
+    return "validating_admission_policy" + ("_binding" if kind.endswith("Binding") else "")
 
 
 def pod_template(command=("python", "train.py"), **spec: Any) -> dict:

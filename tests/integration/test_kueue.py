@@ -244,6 +244,57 @@ def test_bad_queue_labels_and_managed_by_are_refused_at_apply_time(cluster, name
     with pytest.raises(ApiException) as refused:
         cluster.create_job(namespace, "bad", {**mwms_spec(), "managedBy": "someone/else"})
     assert 'spec.managedBy: Unsupported value: "someone/else"' in json.loads(refused.value.body)["message"]
+    # Nothing would ever dispatch it: refused, with what to do.
+    with pytest.raises(ApiException) as refused:
+        cluster.create_job(namespace, "bad", {**mwms_spec(), "managedBy": multikueue.MANAGED_BY})
+    assert refused.value.status == 422
+    assert (
+        "spec.managedBy: kueue.x-k8s.io/multikueue needs the label kueue.x-k8s.io/queue-name, or nothing ever "
+        "dispatches the job: add the label, naming a LocalQueue whose ClusterQueue has a MultiKueue admission check"
+    ) in json.loads(refused.value.body)["message"]
+    assert cluster.job(namespace, "bad") is None
+
+
+def set_phase(cluster, namespace: str, name: str, phase: str) -> None:
+    """The job's phase, written on its status subresource as the operator writes it."""
+    cluster.custom.patch_namespaced_custom_object_status(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": {"phase": phase}}
+    )
+
+
+def set_queue(cluster, namespace: str, name: str, queue: str | None) -> None:
+    """`kubectl label tj NAME kueue.x-k8s.io/queue-name=QUEUE` (None: `...queue-name-`)."""
+    body = {"metadata": {"labels": {kueue.QUEUE_LABEL: queue}}}
+    cluster.custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name, body)
+
+
+def queue_of(cluster, namespace: str, name: str) -> str | None:
+    return ((cluster.job(namespace, name) or {})["metadata"].get("labels") or {}).get(kueue.QUEUE_LABEL)
+
+
+def test_the_queue_label_cannot_be_removed_or_added_while_the_job_runs(cluster, unserved_namespace):
+    """No operator serves the namespace: the test writes each job's phase, and the chart's policy decides on it."""
+    namespace = unserved_namespace
+    cluster.create_job(namespace, "admitted", mwms_spec(), labels={kueue.QUEUE_LABEL: "team-a"})
+    cluster.create_job(namespace, "unqueued", mwms_spec())
+    set_phase(cluster, namespace, "admitted", "Running")
+    set_phase(cluster, namespace, "unqueued", "Running")
+    label = "metadata.labels[kueue.x-k8s.io/queue-name]: the queue label cannot be"
+    for name, queue, verb in (("admitted", None, "removed"), ("admitted", "team-b", "changed"),
+                              ("unqueued", "team-a", "added")):  # fmt: skip
+        with pytest.raises(ApiException) as refused:
+            set_queue(cluster, namespace, name, queue)
+        assert refused.value.status == 422
+        message = json.loads(refused.value.body)["message"]
+        assert f"{label} {verb} while the job is Running" in message, message
+        assert "suspend the job first (spec.runPolicy.suspend: true)" in message and "wait until it ends" in message
+    assert (queue_of(cluster, namespace, "admitted"), queue_of(cluster, namespace, "unqueued")) == ("team-a", None)
+    # Queued (not admitted) or Suspended (its pods gone, its quota given back): the job may move.
+    set_phase(cluster, namespace, "admitted", "Queued")
+    set_queue(cluster, namespace, "admitted", None)
+    set_phase(cluster, namespace, "unqueued", "Suspended")
+    set_queue(cluster, namespace, "unqueued", "team-a")
+    assert (queue_of(cluster, namespace, "admitted"), queue_of(cluster, namespace, "unqueued")) == (None, "team-a")
 
 
 def test_a_multikueue_job_admitted_without_a_multikueue_check_has_no_pod_and_says_nothing_will_dispatch_it(

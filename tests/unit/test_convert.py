@@ -342,11 +342,43 @@ def test_the_queue_label_wins_over_a_different_scheduling_policy_queue():
     ]
 
 
-def test_multikueue_managed_jobs_are_explained():
-    conversion = convert(tfjob({"Worker": kf_replica(2)}, runPolicy={"managedBy": "kueue.x-k8s.io/multikueue"}))
+def test_multikueue_keeps_dispatching_a_queued_job():
+    document = tfjob({"Worker": kf_replica(2)}, runPolicy={"managedBy": "kueue.x-k8s.io/multikueue"})
+    document["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    conversion = convert(document)
+    assert conversion.job["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
+    assert conversion.job["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a"}
+    assert conversion.gang == "Kueue"
     assert conversion.notes == [
-        "spec.runPolicy.managedBy: kueue.x-k8s.io/multikueue not carried over: kubetf has no external controller "
-        "hand-off (MultiKueue dispatch included); the kubetf operator of the cluster you apply it to runs the job"
+        "spec.runPolicy.managedBy: set as spec.managedBy: MultiKueue dispatches the TrainingJob to a worker cluster "
+        "(kubetf on every cluster, TrainingJob among Kueue's external frameworks: docs/kueue.md, MultiKueue)"
+    ]
+    assert api.validate(conversion.job) == []
+
+
+def test_a_multikueue_job_without_a_queue_is_not_converted_and_says_what_to_do(tmp_path):
+    """Nothing would ever dispatch it (nor the TFJob it came from): the TrainingJob would be refused at apply."""
+    document = tfjob({"Worker": kf_replica(2)}, runPolicy={"managedBy": "kueue.x-k8s.io/multikueue"})
+    path = tmp_path / "tfjob.yaml"
+    path.write_text(yaml.safe_dump(document))
+    result = kubetf("convert", "-f", str(path))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"{path} (dist): not converted: the TrainingJob would be invalid: spec.managedBy: kueue.x-k8s.io/multikueue "
+        "needs the label kueue.x-k8s.io/queue-name, or nothing ever dispatches the job: add the label, naming a "
+        "LocalQueue whose ClusterQueue has a MultiKueue admission check, or remove spec.managedBy to run the job on "
+        "this cluster",
+        "1 TFJob(s): 0 converted cleanly, 0 converted with notes, 1 not converted",
+    ]
+
+
+def test_another_controllers_managed_by_is_not_carried_over():
+    conversion = convert(tfjob({"Worker": kf_replica(2)}, runPolicy={"managedBy": "example.com/scheduler"}))
+    assert "managedBy" not in conversion.job["spec"]
+    assert conversion.notes == [
+        "spec.runPolicy.managedBy: example.com/scheduler not carried over: a TrainingJob is run by the kubetf "
+        "operator, or dispatched by MultiKueue (kueue.x-k8s.io/multikueue); the kubetf operator of the cluster you "
+        "apply it to runs the job"
     ]
 
 

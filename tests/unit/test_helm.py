@@ -561,3 +561,114 @@ def test_kueues_access_to_training_jobs_can_be_left_out_or_given_to_another_acco
     other = template(helm, "--set", "kueue.serviceAccount.name=kueue", "--set", "kueue.serviceAccount.namespace=queues")
     binding = next(b for b in by_kind(other, "ClusterRoleBinding") if b["roleRef"]["name"] == "kubetf-operator-kueue")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kueue", "namespace": "queues"}]
+
+
+# ---------------------------------------------------------------------- the admission policies (queue-name-policy.yaml)
+
+
+def admit(operation: str, job: Obj, old: Obj | None = None) -> list[str]:
+    """What the shipped ValidatingAdmissionPolicies answer to a TrainingJob write: the messages of the validations
+    that refuse it, their CEL evaluated as the API server does (variables first, then each validation)."""
+    import celpy
+
+    env = celpy.Environment()
+
+    def evaluate(expression: str, activation: dict[str, Any]) -> Any:
+        result = env.program(env.compile(expression)).evaluate(activation)
+        assert not isinstance(result, celpy.CELEvalError), f"{expression}: {result}"
+        return result
+
+    refusals = []
+    for policy in by_kind(load_dir(MANIFESTS / "operator"), "ValidatingAdmissionPolicy"):
+        rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
+        assert (rule["apiGroups"], rule["resources"], operation in rule["operations"]) == (
+            ["kubetf.io"], ["trainingjobs"], True
+        )  # fmt: skip
+        activation: dict[str, Any] = {
+            "object": celpy.json_to_cel(job),
+            "oldObject": celpy.json_to_cel(old),
+            "request": celpy.json_to_cel({"operation": operation}),
+        }
+        variables: dict[str, Any] = {}
+        for variable in policy["spec"].get("variables") or []:
+            variables[variable["name"]] = evaluate(variable["expression"], {**activation, "variables": variables})
+        activation["variables"] = celpy.celtypes.MapType(
+            {celpy.celtypes.StringType(k): v for k, v in variables.items()}
+        )
+        for validation in policy["spec"]["validations"]:
+            if not evaluate(validation["expression"], activation):
+                message = validation.get("message")
+                if "messageExpression" in validation:
+                    message = str(evaluate(validation["messageExpression"], activation))
+                refusals.append(message)
+    return refusals
+
+
+def training_job(queue: str | None = None, phase: str | None = None, **spec: Any) -> Obj:
+    template = {"spec": {"containers": [{"name": "tensorflow", "image": "kubetf/trainer:0.1.0"}]}}
+    job: Obj = {
+        "apiVersion": "kubetf.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "mnist", "namespace": "team-a", "labels": {"team": "vision"}},
+        "spec": {"replicaSpecs": {"worker": {"replicas": 2, "template": template}}, **spec},
+    }
+    if queue is not None:
+        job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = queue
+    if phase is not None:
+        job["status"] = {"phase": phase}
+    return job
+
+
+@pytest.mark.parametrize("phase", ["Pending", "Running", "Restarting"])
+def test_the_queue_label_cannot_be_added_removed_or_changed_while_the_job_runs(phase: str) -> None:
+    what = "the queue label cannot be {} while the job is " + phase
+    for old, new, verb in ((None, "team-a", "added"), ("team-a", None, "removed"), ("team-a", "team-b", "changed")):
+        (refusal,) = admit("UPDATE", training_job(new, phase), training_job(old, phase))
+        assert refusal.startswith(f"metadata.labels[kueue.x-k8s.io/queue-name]: {what.format(verb)}"), refusal
+        assert "suspend the job first (spec.runPolicy.suspend: true)" in refusal and "wait until it ends" in refusal
+    running = training_job("team-a", phase)
+    changed = training_job("team-a", phase)
+    changed["metadata"]["labels"]["team"] = "speech"  # another label, a finalizer, the spec: not the queue's
+    changed["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
+    assert admit("UPDATE", changed, running) == []
+
+
+@pytest.mark.parametrize("phase", [None, "Queued", "Suspended", "Succeeded", "Failed"])
+def test_a_job_that_does_not_run_may_change_its_queue(phase: str | None) -> None:
+    for old, new in ((None, "team-a"), ("team-a", None), ("team-a", "team-b")):
+        assert admit("UPDATE", training_job(new, phase), training_job(old, phase)) == []
+
+
+def test_a_multikueue_job_needs_a_queue_and_may_gain_one_that_it_lacked() -> None:
+    multikueue = "kueue.x-k8s.io/multikueue"
+    refusal = (
+        "spec.managedBy: kueue.x-k8s.io/multikueue needs the label kueue.x-k8s.io/queue-name, or nothing ever "
+        "dispatches the job: add the label, naming a LocalQueue whose ClusterQueue has a MultiKueue admission check, "
+        "or remove spec.managedBy to run the job on this cluster"
+    )
+    assert admit("CREATE", training_job(managedBy=multikueue)) == [refusal]
+    assert admit("CREATE", training_job("team-a", managedBy=multikueue)) == []
+    assert admit("CREATE", training_job(managedBy="kubetf.io/operator")) == []
+    queued = training_job("team-a", None, managedBy=multikueue)
+    assert admit("UPDATE", training_job(None, None, managedBy=multikueue), queued) == [refusal]
+    # One made before the policy, waiting NotDispatched: it may still be deleted (its finalizer go), and be queued.
+    lost = training_job(None, "Pending", managedBy=multikueue)
+    assert admit("UPDATE", {**lost, "metadata": {**lost["metadata"], "finalizers": []}}, lost) == []
+    assert admit("UPDATE", training_job("team-a", "Pending", managedBy=multikueue), lost) == []
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        training_job("Team_A"),
+        training_job(managedBy="kueue.x-k8s.io/multikueue"),
+        training_job("team-a", managedBy="kueue.x-k8s.io/multikueue"),
+        training_job("team-a"),
+    ],
+    ids=["bad label", "multikueue without a queue", "multikueue queued", "queued"],
+)
+def test_kubetf_validate_refuses_what_the_policies_refuse_at_create_time(job: Obj) -> None:
+    from kubetf.core import api
+
+    refused = [message.split(": ", 1)[0] for message in admit("CREATE", job)]
+    assert [p.path for p in api.validate(job)] == refused

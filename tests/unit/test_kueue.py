@@ -684,12 +684,17 @@ def test_a_queue_label_that_cannot_name_a_local_queue_is_refused(value):
     assert "is not a LocalQueue name" in problems[0].message
 
 
-def test_managed_by_takes_only_the_values_the_crd_allows():
+def test_managed_by_takes_only_the_values_the_crd_allows_and_multikueue_needs_a_queue():
     document = mwms_job()
     document["spec"]["managedBy"] = "someone/else"
     assert [p.path for p in api.validate(document)] == ["spec.managedBy"]
     document["spec"]["managedBy"] = multikueue.MANAGED_BY
-    assert api.validate(document) == []
+    assert [str(p) for p in api.validate(document)] == [
+        "spec.managedBy: kueue.x-k8s.io/multikueue needs the label kueue.x-k8s.io/queue-name, or nothing ever "
+        "dispatches the job: add the label, naming a LocalQueue whose ClusterQueue has a MultiKueue admission check, "
+        "or remove spec.managedBy to run the job on this cluster"
+    ]
+    assert api.validate(queued(document)) == []
 
 
 def test_a_released_pod_is_deleted_at_once_rather_than_waiting_for_its_kubelet():

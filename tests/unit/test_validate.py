@@ -169,6 +169,36 @@ BAD_INPUT = [
         ),
         "spec.replicaSpecs.worker.gpus: gpus: 1 contradicts resources.limits[nvidia.com/gpu]: 2",
     ),
+    (
+        "Kubernetes' gang for another scheduler's pods",
+        lambda d: (
+            d["spec"].update(runPolicy={"schedulingPolicy": {"gangScheduler": "Kubernetes"}}),
+            d["spec"]["replicaSpecs"]["worker"]["template"]["spec"].update(schedulerName="volcano"),
+        ),
+        "spec.replicaSpecs[worker].template.spec.schedulerName: gangScheduler Kubernetes: the worker pods name another "
+        "scheduler, and Kubernetes' gang plugin is the default scheduler's: remove schedulerName from the template, "
+        "or use that scheduler's gang",
+    ),
+    (
+        "Volcano's gang for another scheduler's pods",
+        lambda d: (
+            d["spec"].update(runPolicy={"schedulingPolicy": {"gangScheduler": "Volcano"}}),
+            d["spec"]["replicaSpecs"]["chief"]["template"]["spec"].update(schedulerName="my-scheduler"),
+        ),
+        "spec.replicaSpecs[chief].template.spec.schedulerName: gangScheduler Volcano: the chief pods name another "
+        "scheduler, and Volcano places only the pods it schedules (the operator sets schedulerName volcano): remove "
+        "schedulerName from the template, or use gangScheduler None",
+    ),
+    (
+        "Kubernetes' gang of pods of different priorities",
+        lambda d: (
+            d["spec"].update(runPolicy={"schedulingPolicy": {"gangScheduler": "Kubernetes"}}),
+            d["spec"]["replicaSpecs"]["chief"]["template"]["spec"].update(priorityClassName="high"),
+        ),
+        "spec.priorityClassName: gangScheduler Kubernetes: the training pods' templates (chief, worker, ps) name "
+        "different priorityClassName, and every pod of a gang must have one priority: set spec.priorityClassName "
+        "(every pod gets it)",
+    ),
     ("wrong kind", lambda d: d.update(kind="TFJob"), "kind: must be TrainingJob, got 'TFJob'"),
 ]
 
@@ -272,4 +302,62 @@ def test_a_gang_that_could_never_be_complete_is_refused_with_its_field():
     document["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 3, "gangScheduler": "Kubernetes", "queue": "q"}
     assert [p.path for p in api.validate(document)] == ["spec.runPolicy.schedulingPolicy.queue"]
     document["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 3, "gangScheduler": "Volcano", "queue": "q"}
+    assert api.validate(document) == []
+
+
+def gang_job(gang, chief=None, worker=None, ps=None, evaluator=None, priority=None):
+    """A ParameterServer job under `gang`, each role's template naming the (schedulerName, priorityClassName) given."""
+    document = job(strategy="ParameterServer", chief=replica(1), worker=replica(2), ps=replica(1), evaluator=replica(1))
+    for role, names in {"chief": chief, "worker": worker, "ps": ps, "evaluator": evaluator}.items():
+        scheduler, priority_class = names or (None, None)
+        pod_spec = document["spec"]["replicaSpecs"][role]["template"]["spec"]
+        pod_spec.update({k: v for k, v in (("schedulerName", scheduler), ("priorityClassName", priority_class)) if v})
+    document["spec"]["runPolicy"] = {"schedulingPolicy": {"gangScheduler": gang}}
+    if priority:
+        document["spec"]["priorityClassName"] = priority
+    return document
+
+
+# (what, gang, templates, refused at apply): what each gang can place, and what it never could.
+GANGS = [
+    ("Kubernetes, the default scheduler's pods", "Kubernetes", {}, False),
+    ("Kubernetes, pods naming the default scheduler", "Kubernetes",
+     {"chief": ("default-scheduler", None), "worker": ("", None)}, False),
+    ("Kubernetes, a ps of Volcano's", "Kubernetes", {"ps": ("volcano", None)}, True),
+    ("Kubernetes, an evaluator of another scheduler's: never in the gang", "Kubernetes",
+     {"evaluator": ("my-scheduler", None)}, False),
+    ("Kubernetes, one priority", "Kubernetes",
+     {"chief": (None, "high"), "worker": (None, "high"), "ps": (None, "high")}, False),
+    ("Kubernetes, a ps of no priority among high ones", "Kubernetes",
+     {"chief": (None, "high"), "worker": (None, "high")}, True),
+    ("Kubernetes, spec.priorityClassName for every pod", "Kubernetes",
+     {"chief": (None, "high"), "worker": (None, "low"), "priority": "high"}, False),
+    ("Kubernetes, an evaluator of its own priority", "Kubernetes", {"evaluator": (None, "low")}, False),
+    ("Volcano, pods of Volcano's and the default scheduler's", "Volcano",
+     {"chief": ("volcano", "high"), "worker": ("default-scheduler", None)}, False),
+    ("Volcano, workers of another scheduler's", "Volcano", {"worker": ("my-scheduler", None)}, True),
+    ("Auto takes the gang the pods allow, or none", "Auto", {"worker": ("my-scheduler", "low")}, False),
+    ("None", "None", {"worker": ("volcano", "low")}, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("what,gang,templates,refused", GANGS, ids=[g[0] for g in GANGS])
+def test_a_gang_that_could_never_place_its_pods_is_refused_at_apply_as_the_operator_would(
+    what, gang, templates, refused
+):
+    """The CRD's rules refuse at apply exactly what reconcile would fail with GangSchedulerUnavailable
+    (kubetf.core.scheduling.native.unfit), and Volcano's gang for pods another scheduler names."""
+    from kubetf.core.scheduling import native
+
+    document = gang_job(gang, **templates)
+    found = api.validate(document)
+    assert bool(found) == refused, found
+    if gang == "Kubernetes":
+        assert (native.unfit(api.with_defaults(document)) is not None) == refused
+
+
+def test_a_role_without_replicas_is_not_in_the_gang():
+    document = gang_job("Kubernetes", ps=("volcano", "high"))
+    document["spec"]["strategy"] = "Independent"
+    document["spec"]["replicaSpecs"]["ps"]["replicas"] = 0
     assert api.validate(document) == []

@@ -49,6 +49,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Kueue's queue label, as on every Kueue job type (kubetf/kueue.py). Its value names a LocalQueue: a DNS-1123
 # subdomain, which the chart's ValidatingAdmissionPolicy checks at apply time (CEL in a CRD cannot read labels).
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# spec.managedBy of a job MultiKueue dispatches to a worker cluster (kubetf/core/scheduling/multikueue.py).
+MANAGED_BY_MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 _QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 Job = dict[str, Any]
@@ -215,17 +217,28 @@ def cluster_problems(document: Any) -> list[Problem]:
 
 
 def _queue_label_problems(job: Job) -> list[Problem]:
-    """The chart's ValidatingAdmissionPolicy (queue-name-policy.yaml), offline."""
+    """What the chart's ValidatingAdmissionPolicies (queue-name-policy.yaml) refuse at create time, offline. (The
+    queue label is also fixed while the job runs: only an update of a stored job can break that.)"""
     queue = ((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
-    if queue is None or (len(queue) <= 253 and _QUEUE_NAME.match(queue)):
-        return []
-    return [
-        Problem(
-            f"metadata.labels[{QUEUE_LABEL}]",
-            f"{queue!r} is not a LocalQueue name: lowercase letters, digits, '-' and '.', starting and ending with "
-            "a letter or digit. Use the name of a LocalQueue in the job's namespace (kubectl get localqueues)",
+    problems = []
+    if queue is not None and not (len(queue) <= 253 and _QUEUE_NAME.match(queue)):
+        problems.append(
+            Problem(
+                f"metadata.labels[{QUEUE_LABEL}]",
+                f"{queue!r} is not a LocalQueue name: lowercase letters, digits, '-' and '.', starting and ending with "
+                "a letter or digit. Use the name of a LocalQueue in the job's namespace (kubectl get localqueues)",
+            )
         )
-    ]
+    if (job.get("spec") or {}).get("managedBy") == MANAGED_BY_MULTIKUEUE and not queue:
+        problems.append(
+            Problem(
+                "spec.managedBy",
+                f"{MANAGED_BY_MULTIKUEUE} needs the label {QUEUE_LABEL}, or nothing ever dispatches the job: add the "
+                "label, naming a LocalQueue whose ClusterQueue has a MultiKueue admission check, or remove "
+                "spec.managedBy to run the job on this cluster",
+            )
+        )
+    return problems
 
 
 def operator_problems(job: Job) -> list[Problem]:
@@ -351,7 +364,7 @@ def _path(parts: Any) -> str:
 
 def _cel_problems(job: Job) -> list[Problem]:
     problems = []
-    for path, rule, value in _cel_rules(job, openapi_schema(), []):
+    for path, schema, rule, value in _cel_rules(job, openapi_schema(), []):
         if "oldSelf" in rule["rule"]:
             continue  # a transition rule: only an update of a stored job has an old object
         try:
@@ -366,14 +379,27 @@ def _cel_problems(job: Job) -> list[Problem]:
                 message = str(_cel_eval(rule["messageExpression"], value))
         field = _path(path)
         if rule.get("fieldPath"):
-            field = (field + rule["fieldPath"]) if field else rule["fieldPath"].lstrip(".")
+            field = _field_path(field, schema, rule["fieldPath"])
         problems.append(Problem(field, message or f"failed rule {rule['rule']}"))
     return problems
 
 
-def _cel_rules(value: Any, schema: dict[str, Any], path: list[Any]) -> Iterator[tuple[list[Any], dict[str, Any], Any]]:
+def _field_path(field: str, schema: dict[str, Any], relative: str) -> str:
+    """A rule's fieldPath (`.replicaSpecs.worker.template`) below `field`, spelt as the API server says it: a key of
+    a map (a schema of additionalProperties) in brackets, `spec.replicaSpecs[worker].template`."""
+    for name in relative.lstrip(".").split("."):
+        if name in schema.get("properties", {}):
+            field, schema = f"{field}.{name}" if field else name, schema["properties"][name]
+        else:
+            field, schema = f"{field}[{name}]", schema.get("additionalProperties") or {}
+    return field
+
+
+def _cel_rules(
+    value: Any, schema: dict[str, Any], path: list[Any]
+) -> Iterator[tuple[list[Any], dict[str, Any], dict[str, Any], Any]]:
     for rule in schema.get("x-kubernetes-validations", []):
-        yield path, rule, value
+        yield path, schema, rule, value
     if isinstance(value, dict):
         for key, sub in schema.get("properties", {}).items():
             if key in value:

@@ -198,7 +198,7 @@ def _run_policy(
     scheduling = _scheduling_policy(run_policy.get("schedulingPolicy"), metadata, job_spec, gang, notes)
     if scheduling:
         carried["schedulingPolicy"] = scheduling
-    _managed_by(run_policy.get("managedBy"), notes)
+    _managed_by(run_policy.get("managedBy"), job_spec, notes)
     for dropped in sorted(set(run_policy) - {*RUN_POLICY_FIELDS, "schedulingPolicy", "managedBy"}):
         notes.append(f"spec.runPolicy.{dropped}: not carried over (kubetf has no equivalent)")
     if carried:
@@ -302,13 +302,23 @@ def _scheduling_policy(
     return out
 
 
-def _managed_by(value: Any, notes: list[str]) -> None:
+def _managed_by(value: Any, job_spec: dict[str, Any], notes: list[str]) -> None:
+    """MultiKueue's hand-off carries over (Kueue's generic adapter dispatches TrainingJobs as it did TFJobs; without
+    the queue label the TrainingJob is refused, as nothing would dispatch it: `kubetf validate` says so); Kubeflow's
+    own operator is kubetf's now; any other controller has no TrainingJob to run."""
     if not value:
         return
-    if value == KUBEFLOW_CONTROLLER:
-        notes.append(f"spec.runPolicy.managedBy: {value} dropped: the kubetf operator runs every TrainingJob")
-    else:  # Kueue's MultiKueue has no adapter for TrainingJobs (docs/compatibility.md): nothing would run it
+    path = "spec.runPolicy.managedBy"
+    if value == api.MANAGED_BY_MULTIKUEUE:
+        job_spec["managedBy"] = value
         notes.append(
-            f"spec.runPolicy.managedBy: {value} not carried over: kubetf has no external controller hand-off "
-            "(MultiKueue dispatch included); the kubetf operator of the cluster you apply it to runs the job"
+            f"{path}: set as spec.managedBy: MultiKueue dispatches the TrainingJob to a worker cluster (kubetf on "
+            "every cluster, TrainingJob among Kueue's external frameworks: docs/kueue.md, MultiKueue)"
+        )
+    elif value == KUBEFLOW_CONTROLLER:
+        notes.append(f"{path}: {value} dropped: the kubetf operator runs every TrainingJob")
+    else:
+        notes.append(
+            f"{path}: {value} not carried over: a TrainingJob is run by the kubetf operator, or dispatched by "
+            f"MultiKueue ({api.MANAGED_BY_MULTIKUEUE}); the kubetf operator of the cluster you apply it to runs the job"
         )
