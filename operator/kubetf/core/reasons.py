@@ -227,7 +227,7 @@ OPERATOR: dict[str, Reason] = {
         "condition (Pending) on MultiKueue's manager, Warning event",
         "`spec.managedBy: kueue.x-k8s.io/multikueue`, but nothing will dispatch the job: no queue label, or a "
         "ClusterQueue that admitted it without a MultiKueue admission check.",
-        "Add the label (a LocalQueue whose ClusterQueue has a MultiKueue check), or remove `spec.managedBy`.",
+        "Add the label (a ClusterQueue with a MultiKueue check); or create the job again without `spec.managedBy`.",
     ),
     "GangScheduleTimeout": Reason(
         "condition (Failed, or Pending with `onScheduleTimeout: Wait`), Warning event",

@@ -84,6 +84,8 @@ def choose(job: Job, served: Served) -> tuple[str, str | None]:
     if asked == native.NAME:
         return (native.NAME, None) if served.kubernetes and not native.unfit(job) else (NONE, native.unavailable(job))
     if asked == volcano.NAME:
+        if volcano.unfit(job):
+            return NONE, volcano.unfit(job)
         return (volcano.NAME, None) if served.volcano else (NONE, volcano.unavailable())
     if queued:
         return kueue.NAME, None  # Auto: Kueue admits all of a queued job's pods at once

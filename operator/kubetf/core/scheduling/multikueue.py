@@ -26,7 +26,7 @@ RESOURCES: tuple[Resource, ...] = (wl.WORKLOADS,)
 RUNS_PODS = False
 # spec.managedBy: unset or the operator's own means this operator runs the job; MultiKueue's, another cluster.
 MANAGED_BY_OPERATOR = "kubetf.io/operator"
-MANAGED_BY = "kueue.x-k8s.io/multikueue"
+MANAGED_BY = api.MANAGED_BY_MULTIKUEUE
 NOT_DISPATCHED = "NotDispatched"
 
 
@@ -48,14 +48,16 @@ def undispatchable(s: Situation) -> str | None:
         return (
             f"spec.managedBy is {MANAGED_BY} but the job has no label {api.QUEUE_LABEL}: nothing queues it, so "
             "MultiKueue never dispatches it. Add the label, naming a LocalQueue whose ClusterQueue has a MultiKueue "
-            "admission check, or remove spec.managedBy to run it on this cluster"
+            "admission check; or, to run it on this cluster, delete the job and create it again without spec.managedBy "
+            "(it cannot change)"
         )
     admission = s.admission
     if admission is not None and admission.admitted and cluster(s) is None:
         queue = admission.cluster_queue or admission.local_queue
         return (
             f"Kueue admitted the job's Workload here, but ClusterQueue {queue} has no MultiKueue admission check: no "
-            "worker cluster will run it. Give that ClusterQueue a MultiKueue admission check, or remove spec.managedBy"
+            "worker cluster will run it. Give that ClusterQueue a MultiKueue admission check; or delete the job and "
+            "create it again without spec.managedBy (it cannot change)"
         )
     return None
 

@@ -47,6 +47,19 @@ def asked_by_pods(job: Job) -> bool:
     return SCHEDULER in gangs.scheduler_names(job)
 
 
+def unfit(job: Job) -> str | None:
+    """Why Volcano's gang cannot place the job's pods: a training template names another scheduler (every pod is
+    Volcano's here). The CRD refuses such a job at apply; one stored before that rule is refused here."""
+    others = gangs.scheduler_names(job) - {gangs.DEFAULT_SCHEDULER, SCHEDULER}
+    if others:
+        return (
+            f"spec.runPolicy.schedulingPolicy.gangScheduler: Volcano: the training pods name schedulerName "
+            f"{sorted(others)[0]!r}, and Volcano's gang needs its own scheduler: remove schedulerName from the "
+            "templates, or name volcano"
+        )
+    return None
+
+
 def unavailable() -> str:
     return (
         f"spec.runPolicy.schedulingPolicy.gangScheduler: Volcano: the cluster does not serve {GROUP}/{VERSION} "
