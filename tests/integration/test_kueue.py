@@ -5,12 +5,15 @@ Kueue admits it. Pods are never scheduled here: the tests play the kubelet."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubetf.core import api
+from kubetf.core import status as st
 from kubetf.core.scheduling import multikueue
 from kubetf.core.scheduling import workload as kueue
 from tests.cluster.fixture import wait_for
@@ -358,3 +361,84 @@ def test_a_previous_jobs_workload_is_let_go_and_another_owners_is_never_touched(
     cluster.custom.patch_namespaced_custom_object(
         kueue.GROUP, kueue.VERSION, namespace, "workloads", "not-the-jobs", {"metadata": {"finalizers": None}}
     )
+
+
+def test_a_job_queued_preempted_once_and_failed_once_shows_its_goodput_adding_up_to_its_wall_time(
+    cluster, namespace, queue, operator
+):
+    """Issue 47: the parts of a job's wall time (training and what was lost, by cause) add up to it within 1%: in its
+    status, in `kubetf status` and in the operator's metrics. Queued behind a job that holds the quota, preempted
+    once by a higher one, failed once, then succeeded; its worker 0 reports its steps as the trainer does."""
+    from tests.integration.test_progress import token_for
+
+    priority_classes(cluster, **{"kubetf-low": 100, "kubetf-high": 1000})
+    cluster.create_job(namespace, "first", two_workers(), **labelled(queue))
+    admitted(cluster, namespace, "first", 2, "first admitted", 30)
+    cluster.run_all(namespace, "first", 2)
+    low = cluster.create_job(namespace, "low", two_workers(), **labelled(queue, **{kueue.PRIORITY_LABEL: "kubetf-low"}))
+    cluster.wait_phase(namespace, "low", "Queued")
+    time.sleep(2)  # the job waits in its queue: time that must show as queued
+    for pod in cluster.live_pods(namespace, "first").values():
+        cluster.exit(pod, 0)
+    admitted(cluster, namespace, "low", 2, "low admitted", 30)
+    cluster.run_all(namespace, "low", 2)
+    cluster.wait_phase(namespace, "low", "Running")
+
+    def trains(steps: range) -> None:
+        pod = cluster.live_pods(namespace, "low")["low-worker-0"]
+        token = token_for(cluster, namespace, pod)
+        for step in steps:
+            report = {"step": step, "steps": 1000, "stepsPerSecond": 10.0}
+            assert operator.report(token, json.dumps(report).encode())[0] == 204
+            time.sleep(0.2)
+
+    trains(range(10, 60, 10))
+    cluster.create_job(namespace, "high", two_workers(), **labelled(queue, **{kueue.PRIORITY_LABEL: "kubetf-high"}))
+    cluster.wait_phase(namespace, "low", "Queued", timeout=40)
+    for pod in cluster.live_pods(namespace, "low").values():  # one may be gone already (as in the test above)
+        try:
+            cluster.exit(pod, 143)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+    admitted(cluster, namespace, "high", 2, "high admitted", 30)
+    cluster.run_all(namespace, "high", 2)
+    for pod in cluster.live_pods(namespace, "high").values():
+        cluster.exit(pod, 0)
+    admitted(cluster, namespace, "low", 2, "low admitted again", 40)
+    cluster.run_all(namespace, "low", 2)
+    cluster.wait_phase(namespace, "low", "Running")
+    trains(range(30, 80, 10))  # resumed from an earlier checkpoint: 20 steps redone
+    cluster.exit(cluster.live_pods(namespace, "low")["low-worker-1"], 1)  # a failure: the group restarts
+    wait_for(lambda: cluster.status(namespace, "low")["restarts"].get("failures") == 1, 20, "low's failure counted")
+    cluster.wait_pods(namespace, "low", lambda p: len(p) == 2 and all(attempt(x) == "2" for x in p.values()),
+                      "low's group recreated", 30)  # fmt: skip
+    cluster.run_all(namespace, "low", 2)
+    cluster.wait_phase(namespace, "low", "Running")
+    trains(range(80, 120, 10))
+    for pod in cluster.live_pods(namespace, "low").values():
+        cluster.exit(pod, 0)
+    status = cluster.wait_phase(namespace, "low", "Succeeded", timeout=30)
+    assert (status["restarts"]["disruptions"], status["restarts"]["failures"]) == (1, 1)
+
+    created = st.parse_time(low["metadata"]["creationTimestamp"])
+    wall = st.parse_time(status["completionTime"]) - created
+    kept = status["goodput"]
+    seconds = kept["seconds"]
+    assert sum(seconds.values()) == pytest.approx(wall, rel=0.01, abs=1.0), (low["metadata"]["creationTimestamp"],
+                                                                            status)  # to the second (RFC 3339)
+    assert seconds["queued"] >= 2 and seconds.get("restarting", 0) > 0 and seconds.get("training", 0) > 0, kept
+    assert seconds.get("redone", 0) > 0, kept
+    said = subprocess.run(
+        [sys.executable, "-m", "kubetf.cli", "status", "low", "-n", namespace, "--kubeconfig", cluster.kubeconfig],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    line = next(x for x in said.splitlines() if x.strip().startswith("goodput:"))
+    assert f"{kept['ratio']:.0%} of" in line and "queued" in line, said
+
+    def metric(name: str, **labels: str) -> float:
+        return operator.metric_total(name, only={"namespace": namespace, "job": "low", **labels})
+
+    lost = {cause: metric("kubetf_job_lost_seconds", cause=cause) for cause in seconds if cause != "training"}
+    assert metric("kubetf_job_training_seconds") + sum(lost.values()) == pytest.approx(wall, rel=0.01, abs=1.0)
+    assert metric("kubetf_job_goodput_ratio") == pytest.approx(kept["ratio"], abs=0.01)

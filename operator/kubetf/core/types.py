@@ -106,7 +106,3 @@ def owned_by(obj: Obj, uid: str | None) -> bool:
 
 def uid_of(obj: Obj | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("uid") or "")
-
-
-def name_of(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")

@@ -18,11 +18,11 @@ a while (their pods terminating). A group of an older generation is deleted once
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kubetf.core import api
 from kubetf.core import status as st
+from kubetf.core.scheduling.seam import Placing, Situation, Waiting
 from kubetf.core.types import Job, Obj, Pod, Write, owned_by, uid_of
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -128,16 +128,6 @@ def regroup(job: Job, status: dict[str, Any], views: dict[str, st.TaskView], res
 
 
 # ---------------------------------------------------------------------- whether the gang is placed
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """A gang not placed yet: whether that is worth saying, and why (the scheduler's words), or past its timeout."""
-
-    reason: str  # GangWaiting, or GangScheduleTimeout
-    message: str
-    timed_out: bool = False
-    fail: bool = False  # past the timeout with onScheduleTimeout: Fail
 
 
 def placed(job: Job, views: dict[str, st.TaskView]) -> bool:
@@ -277,3 +267,18 @@ def named(job: Job, owned: list[Obj], kind: str, name: str) -> Obj | None:
         (o for o in owned if o.get("kind") == kind and o["metadata"].get("name") == name and owned_by(o, uid_of(job))),
         None,
     )
+
+
+def place(s: Situation, scheduler: str, objects: list[Obj], make: bool, keep: set[str]) -> Placing:
+    """What either gang needs this reconcile: its `objects` made when `make` and missing (by name, the job's own),
+    the job's PodGroups no pod uses any more but `keep` deleted, and the wait said as it is (`wait`)."""
+    gang = s.status["gang"]
+    found = Placing()
+    if make:
+        found.create = [o for o in objects if named(s.job, s.owned, o["kind"], o["metadata"]["name"]) is None]
+    found.writes = stale(s.job, s.owned, s.pods, keep, "no pod of the job uses it")
+    group = named(s.job, s.owned, "PodGroup", gang["podGroup"])
+    found.waiting, found.wake_at = wait(s.job, s.views, gang, group, scheduler, s.now, s.config.scheduling_grace)
+    found.holding = not placed(s.job, s.views)
+    found.placed_at = st.parse_time(gang.get("placedAt"))
+    return found

@@ -125,24 +125,12 @@ def place(s: Situation) -> Placing:
     whole gang is decided (a PodGroup without pods holds nothing here), so the replacements wait on nothing else once
     the old pods are gone; an older generation's PodGroup goes once no pod uses it; the wait said as it is."""
     gang = s.status["gang"] = gangs.record(s.status, NAME, s.job)
-    found = Placing()
     if s.status.get("phase") == st.SUSPENDED:  # nothing to place: its old groups go once their pods are gone
-        found.writes = gangs.stale(s.job, s.owned, s.pods, {gang["podGroup"]}, "no pod of the job uses it")
-        return found
+        return Placing(writes=gangs.stale(s.job, s.owned, s.pods, {gang["podGroup"]}, "no pod of the job uses it"))
     waiting_pods = any(
         v.role in api.TRAINING_ROLES and v.state == st.WAITING and v.pod is None for v in s.views.values()
     )
-    if s.creating or waiting_pods:
-        found.create = [
-            o for o in desired(s.job, gang) if gangs.named(s.job, s.owned, o["kind"], o["metadata"]["name"]) is None
-        ]
-    keep = {gang["podGroup"]}
-    found.writes = gangs.stale(s.job, s.owned, s.pods, keep, "no pod of the job uses it")
-    group = gangs.named(s.job, s.owned, "PodGroup", gang["podGroup"])
-    found.waiting, found.wake_at = gangs.wait(s.job, s.views, gang, group, NAME, s.now, s.config.scheduling_grace)
-    found.holding = not gangs.placed(s.job, s.views)
-    found.placed_at = st.parse_time(gang.get("placedAt"))
-    return found
+    return gangs.place(s, NAME, desired(s.job, gang), s.creating or waiting_pods, {gang["podGroup"]})
 
 
 def finish(s: Situation) -> list[Write]:

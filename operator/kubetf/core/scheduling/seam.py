@@ -9,12 +9,21 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubetf.core.config import OperatorConfig
-from kubetf.core.scheduling.gangs import Waiting
 from kubetf.core.scheduling.workload import Admission
 from kubetf.core.status import TaskView
 from kubetf.core.types import Event, Job, Obj, Pod, Resource, Write
 
 Task = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A gang not placed yet: whether that is worth saying, and why (the scheduler's words), or past its timeout."""
+
+    reason: str  # GangWaiting, or GangScheduleTimeout
+    message: str
+    timed_out: bool = False
+    fail: bool = False  # past the timeout with onScheduleTimeout: Fail
 
 
 @dataclass(frozen=True)

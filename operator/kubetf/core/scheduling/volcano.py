@@ -137,21 +137,10 @@ def place(s: Situation) -> Placing:
     """The PodGroups are made with the pods that use them (a Volcano PodGroup holds its queue's quota, beside the old
     pods' while a restart's old pods go); an older generation's goes once no pod uses it; the wait said as it is."""
     gang = s.status["gang"] = gangs.record(s.status, NAME, s.job)
-    found = Placing()
     if s.status.get("phase") == st.SUSPENDED:  # nothing to place: its old groups go once their pods are gone
-        found.writes = gangs.stale(s.job, s.owned, s.pods, {gang["podGroup"]}, "no pod of the job uses it")
-        return found
-    if s.creating:
-        found.create = [
-            o for o in desired(s.job, gang) if gangs.named(s.job, s.owned, "PodGroup", o["metadata"]["name"]) is None
-        ]
+        return Placing(writes=gangs.stale(s.job, s.owned, s.pods, {gang["podGroup"]}, "no pod of the job uses it"))
     keep = {gang["podGroup"], evaluator_group(s.job)}
-    found.writes = gangs.stale(s.job, s.owned, s.pods, keep, "no pod of the job uses it")
-    group = gangs.named(s.job, s.owned, "PodGroup", gang["podGroup"])
-    found.waiting, found.wake_at = gangs.wait(s.job, s.views, gang, group, NAME, s.now, s.config.scheduling_grace)
-    found.holding = not gangs.placed(s.job, s.views)
-    found.placed_at = st.parse_time(gang.get("placedAt"))
-    return found
+    return gangs.place(s, NAME, desired(s.job, gang), s.creating, keep)
 
 
 def finish(s: Situation) -> list[Write]:

@@ -308,12 +308,6 @@ def _words(admission: Admission) -> str:
     return ": " + "; ".join(parts) if parts else ""
 
 
-def waits_for_admission(admission: Admission | None) -> bool:
-    """The job may not run: Kueue has not admitted its Workload (or it has none yet). Without Kueue in the cluster
-    a labelled job runs unqueued (and is told so)."""
-    return admission is not None and admission.installed and not admission.admitted
-
-
 def _set(conditions: list[dict[str, Any]], new: dict[str, Any], now: float, generation: int | None) -> None:
     """metav1's SetStatusCondition: lastTransitionTime moves only when the status does."""
     new = {**new, "message": str(new.get("message") or "")[:MAX_MESSAGE]}
