@@ -110,3 +110,18 @@ def test_the_wait_for_a_gang_is_its_own_cause():
     view = seconds(sim)
     assert view.lost["gangWaiting"] == pytest.approx(40, abs=1)
     assert view.training + sum(view.lost.values()) == pytest.approx(view.wall, rel=0.01)
+
+
+def test_accounting_at_fractions_of_seconds_never_counts_a_moment_twice():
+    """The status keeps times to the second: a job reconciled many times within a second (its writes made anyway)
+    must not count the part of a second it rounded `since` down by again each time (seen: 34 s of a job's 18)."""
+    from kubetf.core.goodput import account, live
+
+    status = {"phase": "Queued", "queuedSince": st.format_time(1000.0)}
+    now = 1000.0
+    for _ in range(200):
+        now += 0.37
+        account(status, 1000.0, now, refresh=True)
+    view = live(status, 1000.0, now)
+    assert view.training + sum(view.lost.values()) == pytest.approx(now - 1000.0, abs=1.0)
+    assert view.wall == pytest.approx(now - 1000.0)

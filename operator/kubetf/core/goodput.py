@@ -23,6 +23,7 @@ only at transitions, and with any write the job makes anyway (`refresh`): a job 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +86,11 @@ def account(
     new one; with `refresh` (the status is written anyway), count the open state up to now and say the ratio."""
     found = dict(status.get("goodput") or {})
     new, at = state(status, progress)
-    start = created if created is not None else now
+    # `since` is kept in whole seconds (RFC 3339): every boundary is taken at a whole second, so an interval counted
+    # once is never counted again from a rounded-down `since` (the remainder goes with the next one).
+    now = float(math.floor(now))
+    at = float(math.floor(at)) if at is not None else None
+    start = float(math.floor(created)) if created is not None else now
     since = st.parse_time(found.get("since")) or start
     # First seen (a new job; or one from before goodput was kept, whose past is taken for what it is now)
     current = found.get("state") or new or ENDED
