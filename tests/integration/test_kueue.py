@@ -385,14 +385,15 @@ def test_a_job_queued_preempted_once_and_failed_once_shows_its_goodput_adding_up
     cluster.wait_phase(namespace, "low", "Running")
 
     def trains(steps: range) -> None:
+        """Worker 0 reports a step every 0.2 s (50 steps a second): time that trains, seconds long each run."""
         pod = cluster.live_pods(namespace, "low")["low-worker-0"]
         token = token_for(cluster, namespace, pod)
         for step in steps:
-            report = {"step": step, "steps": 1000, "stepsPerSecond": 10.0}
+            report = {"step": step, "steps": 10_000, "stepsPerSecond": 50.0}
             assert operator.report(token, json.dumps(report).encode())[0] == 204
             time.sleep(0.2)
 
-    trains(range(10, 60, 10))
+    trains(range(10, 200, 10))
     cluster.create_job(namespace, "high", two_workers(), **labelled(queue, **{kueue.PRIORITY_LABEL: "kubetf-high"}))
     cluster.wait_phase(namespace, "low", "Queued", timeout=40)
     for pod in cluster.live_pods(namespace, "low").values():  # one may be gone already (as in the test above)
@@ -408,14 +409,14 @@ def test_a_job_queued_preempted_once_and_failed_once_shows_its_goodput_adding_up
     admitted(cluster, namespace, "low", 2, "low admitted again", 40)
     cluster.run_all(namespace, "low", 2)
     cluster.wait_phase(namespace, "low", "Running")
-    trains(range(30, 80, 10))  # resumed from an earlier checkpoint: 20 steps redone
+    trains(range(100, 300, 10))  # resumed from an earlier checkpoint: 90 steps redone
     cluster.exit(cluster.live_pods(namespace, "low")["low-worker-1"], 1)  # a failure: the group restarts
     wait_for(lambda: cluster.status(namespace, "low")["restarts"].get("failures") == 1, 20, "low's failure counted")
     cluster.wait_pods(namespace, "low", lambda p: len(p) == 2 and all(attempt(x) == "2" for x in p.values()),
                       "low's group recreated", 30)  # fmt: skip
     cluster.run_all(namespace, "low", 2)
     cluster.wait_phase(namespace, "low", "Running")
-    trains(range(80, 120, 10))
+    trains(range(300, 400, 10))
     for pod in cluster.live_pods(namespace, "low").values():
         cluster.exit(pod, 0)
     status = cluster.wait_phase(namespace, "low", "Succeeded", timeout=30)
@@ -427,7 +428,7 @@ def test_a_job_queued_preempted_once_and_failed_once_shows_its_goodput_adding_up
     seconds = kept["seconds"]
     assert sum(seconds.values()) == pytest.approx(wall, rel=0.01, abs=1.0), (low["metadata"]["creationTimestamp"],
                                                                             status)  # to the second (RFC 3339)
-    assert seconds["queued"] >= 2 and seconds.get("restarting", 0) > 0 and seconds.get("training", 0) > 0, kept
+    assert seconds["queued"] > 0 and seconds.get("restarting", 0) > 0 and seconds.get("training", 0) > 0, kept
     assert seconds.get("redone", 0) > 0, kept
     said = subprocess.run(
         [sys.executable, "-m", "kubetf.cli", "status", "low", "-n", namespace, "--kubeconfig", cluster.kubeconfig],
