@@ -42,6 +42,10 @@
 #                              (MultiKueueClusters Active); needs the cluster and its Kueue up; idempotent; their
 #                              kubeconfigs: `env` (KUBETF_MANAGER_KUBECONFIG, KUBETF_WORKER2_KUBECONFIG)
 #   local-cluster.sh multikueue-down   stop them, remove their state and what they left here (`down` stops them too)
+#   local-cluster.sh multikueue-cut worker2   cut the manager off worker2's API server: every packet between the
+#                              manager's Kueue and it is refused (TCP reset), nothing else on worker2 is touched;
+#                              MultiKueue then finds worker2 lost (workerLostTimeout: see mk_kueue_config)
+#   local-cluster.sh multikueue-restore worker2   undo the cut (`multikueue`, `multikueue-down` and `down` do too)
 #
 # Environment: KUBETF_CACHE (default ~/.cache/kubetf), KUBETF_CLUSTER_DIR (default /var/lib/kubetf-cluster),
 # KUBETF_FAKE_GPUS (default 12), KUBETF_FAKE_NODES (default 0: no kwok), KUBETF_FAKE_NODE_GPUS (default 8),
@@ -1227,7 +1231,9 @@ delete_volcano() {  # uninstall: the controllers, then the CRDs (every PodGroup,
 # certificate management writes the webhook certificate into its Secret and the CA bundles into the webhook
 # configurations and CRDs, and this script copies the Secret's certificate where Kueue reads it (what the kubelet
 # does for a pod). The manager connects to worker1 and worker2 with a ServiceAccount token of each
-# (MultiKueueClusters worker1 and worker2). Ports: see mk_port. State: $STATE/multikueue; logs: $LOGS/<plane>-*.log.
+# (MultiKueueClusters worker1 and worker2); to worker2 through an address of its own (mk_link_addr), which no other
+# client uses, so that `multikueue-cut` can cut exactly that link. Ports: see mk_port. State: $STATE/multikueue;
+# logs: $LOGS/<plane>-*.log.
 MK_DIR="$STATE/multikueue"
 MK_PLANES=(manager worker2)
 MK_REV=1               # bump when a running setup must be replaced (what runs, how it is wired)
@@ -1241,6 +1247,11 @@ mk_port() {  # mk_port PLANE OFFSET: 443 kube-apiserver (all addresses), 257 kub
   echo $((base + $2))
 }
 mk_service_cidr() { case $1 in manager) echo 10.97.0.0/16 ;; worker2) echo 10.98.0.0/16 ;; esac; }
+# Where the manager's Kueue reaches worker2's API server: a loopback address only that link uses (the API server
+# listens on every address; its certificate is checked for the name localhost), so that a cut of it leaves worker2's
+# own Kueue and controllers (127.0.0.1) and every admin client ($NODE_IP) alone. worker1's link is this cluster's
+# address, which everything uses: it cannot be cut alone.
+mk_link_addr() { case $1 in worker2) echo 127.0.0.2 ;; *) return 1 ;; esac; }
 mk_kubeconfig() {  # a plane's admin kubeconfig (system:masters); worker1's is this cluster's
   if [[ $1 == worker1 ]]; then echo "$KUBECONFIG_PATH"; else echo "$STATE/$1.kubeconfig"; fi
 }
@@ -1315,8 +1326,8 @@ mk_start_controllers() {  # mk_start_controllers PLANE: what a control plane wit
     "${CONTROLLER_QPS[@]}" --profiling=false --v=1
 }
 mk_controllers_ready() { wait_for 60 "the default ServiceAccount on $1" mkc "$1" -n default get serviceaccount default; }
-token_kubeconfig() {  # token_kubeconfig FILE SERVER CA_FILE TOKEN NAME: inline CA and token, as MultiKueue wants them
-  local f=$1 server=$2 ca=$3 token=$4 name=$5
+token_kubeconfig() {  # token_kubeconfig FILE SERVER CA_FILE TOKEN NAME [TLS_SERVER_NAME]: inline CA and token, as
+  local f=$1 server=$2 ca=$3 token=$4 name=$5 tls_name=${6:-}  # MultiKueue wants them
   (umask 077; cat >"$f" <<EOF
 apiVersion: v1
 kind: Config
@@ -1324,7 +1335,8 @@ clusters:
 - name: $name
   cluster:
     server: $server
-    certificate-authority-data: $(base64 -w0 "$ca")
+    certificate-authority-data: $(base64 -w0 "$ca")${tls_name:+
+    tls-server-name: $tls_name}
 users:
 - name: $name
   user:
@@ -1433,8 +1445,12 @@ integrations:
   frameworks: ["batch/job"]
   externalFrameworks: ["$MK_FRAMEWORK"]
 # The generic MultiKueue adapter for kubetf's TrainingJob (gates MultiKueue and MultiKueueAdaptersForCustomJobs: on by
-# default). gcInterval (1m) and workerLostTimeout (15m): Kueue's defaults.
+# default). workerLostTimeout: how long a job admitted on a worker the manager cannot reach stays admitted there
+# before the manager evicts it and dispatches it again (Kueue's default 15m; short here for the lost-worker test,
+# `multikueue-cut`); it is also how often the manager reads an admitted job's worker again. gcInterval (1m): Kueue's
+# default.
 multiKueue:
+  workerLostTimeout: 20s
   externalFrameworks:
   - name: "$MK_FRAMEWORK"
 EOF
@@ -1519,16 +1535,16 @@ subjects: [{kind: ServiceAccount, name: $MK_WORKER_SA, namespace: $KUEUE_NS}]
 EOF
 }
 mk_connect() {  # mk_connect WORKER: its ServiceAccount, a kubeconfig Secret on the manager, MultiKueueCluster WORKER
-  local w=$1 server ca kcfg="$MK_DIR/$1-multikueue.kubeconfig"
+  local w=$1 server ca tls_name="" kcfg="$MK_DIR/$1-multikueue.kubeconfig"
   if [[ $w == worker1 ]]; then server="https://$NODE_IP:6443"; ca="$PKI/ca.crt"
-  else server="https://$NODE_IP:$(mk_port "$w" 443)"; ca="$MK_DIR/$w/pki/ca.crt"; fi
+  else server="https://$(mk_link_addr "$w"):$(mk_port "$w" 443)"; ca="$MK_DIR/$w/pki/ca.crt"; tls_name=localhost; fi
   # the manager lists and watches TrainingJobs on every worker; worker1's CRD is the tests' (left alone if there)
   if [[ $w == worker1 ]] && ! kc get crd trainingjobs.kubetf.io >/dev/null 2>&1; then
     kc apply --server-side --field-manager=kubetf-local-cluster -f "$KUBETF_CRD" >/dev/null
   fi
   mk_worker_rbac | mkc "$w" apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f - >/dev/null
   wait_for 60 "the token of $MK_WORKER_SA on $w" sa_token "$w" "$KUEUE_NS" "$MK_WORKER_SA-token"
-  token_kubeconfig "$kcfg" "$server" "$ca" "$(sa_token "$w" "$KUEUE_NS" "$MK_WORKER_SA-token")" "$w"
+  token_kubeconfig "$kcfg" "$server" "$ca" "$(sa_token "$w" "$KUEUE_NS" "$MK_WORKER_SA-token")" "$w" "$tls_name"
   mkc manager -n "$KUEUE_NS" create secret generic "multikueue-$w" --from-file=kubeconfig="$kcfg" \
     --dry-run=client -o yaml | mkc manager apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f - >/dev/null
   mkc manager apply --server-side --force-conflicts --field-manager=kubetf-local-cluster -f - >/dev/null <<EOF
@@ -1577,9 +1593,37 @@ mk_kueues() {  # both start together once both planes have their objects (Kueue 
   for p in "${MK_PLANES[@]}"; do mk_kueue_run "$p"; done
   for p in "${MK_PLANES[@]}"; do mk_kueue_ready "$p"; done
 }
-mk_connect_all() { mk_connect worker1; mk_connect worker2; mk_active worker1 worker2; }
+mk_connect_all() { mk_restore worker2; mk_connect worker1; mk_connect worker2; mk_active worker1 worker2; }
+# A cut refuses every packet between the manager's Kueue and the worker's API server, both ways, with a TCP reset
+# (as a host whose API server is down answers): Kueue's connections end at their next packet (at the latest its
+# HTTP/2 health check's ping, after 30 s without a frame) and a new one is refused at once. (A silent DROP cuts as
+# well, only noticed later: the health check waits 15 s more for the ping's answer, and each reconnect for its dial
+# timeout.) The resets themselves pass, or the peer would never hear of them.
+mk_cut_rules() {  # mk_cut_rules WORKER: the iptables rules (filter OUTPUT) that cut the manager off WORKER, one a line
+  local addr port rest
+  addr="$(mk_link_addr "$1")" || die "only worker2 can be cut off the manager (worker1's address is everyone's)"
+  port="$(mk_port "$1" 443)"
+  rest="--tcp-flags RST NONE -m comment --comment kubetf-multikueue-cut-$1 -j REJECT --reject-with tcp-reset"
+  echo "-p tcp -d $addr --dport $port $rest"
+  echo "-p tcp -s $addr --sport $port $rest"
+}
+mk_cut() {
+  local rule
+  while read -r rule; do
+    # shellcheck disable=SC2086  # the rule's words
+    iptables -C OUTPUT $rule 2>/dev/null || iptables -I OUTPUT 1 $rule
+  done < <(mk_cut_rules "$1")
+}
+mk_restore() {
+  local rule
+  while read -r rule; do
+    # shellcheck disable=SC2086  # the rule's words
+    while iptables -D OUTPUT $rule 2>/dev/null; do :; done
+  done < <(mk_cut_rules "$1")
+}
 mk_stop() {  # etcd last: an API server stopped together with its etcd waited for it for minutes (until SIGKILL)
   local d
+  mk_restore worker2
   mapfile -t d < <(mk_daemons | grep -vx mk-etcd)
   stop_daemon "${d[@]}"
   stop_daemon mk-etcd
@@ -1637,6 +1681,20 @@ cmd_multikueue_down() {
   local t0=$SECONDS
   mk_down
   log "MultiKueue down in $((SECONDS - t0))s"
+}
+cmd_multikueue_cut() {  # cmd_multikueue_cut cut|restore WORKER
+  local what=$1 w=${2:-}
+  [[ $w == worker2 ]] || die "usage: local-cluster.sh multikueue-$what worker2 (worker1's address is everyone's)"
+  { running manager-kueue && running "$w-kube-apiserver"; } \
+    || die "MultiKueue's planes do not run (local-cluster.sh multikueue first)"
+  mk_lock
+  if [[ $what == cut ]]; then
+    mk_cut "$w"
+    log "the manager is cut off $w's API server ($(mk_link_addr "$w"):$(mk_port "$w" 443), refused both ways)"
+  else
+    mk_restore "$w"
+    log "the manager reaches $w's API server again"
+  fi
 }
 
 # ---------------------------------------------------------------- commands
@@ -1879,5 +1937,7 @@ case "${1:-}" in
   apiserver-restart) shift; cmd_apiserver_restart "$@" ;;
   multikueue) cmd_multikueue ;;
   multikueue-down) cmd_multikueue_down ;;
+  multikueue-cut) cmd_multikueue_cut cut "${2:-}" ;;
+  multikueue-restore) cmd_multikueue_cut restore "${2:-}" ;;
   *) sed -n '2,/^set -euo/{/^#/p;}' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -192,6 +192,17 @@ def test_checkpoint_pvc_owned_when_not_retained_and_existing_claim_reused():
     assert env_of(pod)["KUBETF_CHECKPOINT_DIR"] == "/checkpoints"
 
 
+def test_every_task_knows_its_run_the_jobs_uid_and_an_offline_render_has_none():
+    """The trainer's checkpoint fence tells runs of a job apart by it (kubetf_trainer.fence): the same for every task
+    and restart of one job object, another for a job made again or dispatched again by MultiKueue."""
+    document = job(chief=replica(1), worker=replica(2))
+    pods, _, _ = rendered(document)
+    assert {env_of(pod)["KUBETF_RUN_ID"] for pod in pods} == {"1234-uid"}
+    del document["metadata"]["uid"]
+    pods, _, _ = rendered(document)
+    assert all("KUBETF_RUN_ID" not in env_of(pod) for pod in pods)
+
+
 def test_every_child_is_owned_by_the_job():
     document = job(chief=replica(1), worker=replica(1))
     for obj in builders.render(document):

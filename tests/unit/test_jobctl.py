@@ -30,6 +30,16 @@ def test_progress_is_described_for_people():
     )
 
 
+def test_a_run_waiting_for_the_checkpoint_directory_says_so():
+    holder = {"run": "9f1c", "job": "mnist"}
+    waiting = {"kubetf": "fence", "role": "chief", "index": 0, "state": "waiting", "run": "1a2b", "holder": holder}
+    assert jobctl.describe_progress(waiting) == (
+        "chief-0 waits, without training: run 9f1c of job mnist holds the checkpoint directory"
+    )
+    done = {**waiting, "state": "finished elsewhere", "exit_code": 0}
+    assert jobctl.describe_progress(done) == "chief-0 exits: run 9f1c of job mnist finished the training"
+
+
 def test_progress_comes_from_the_chief_else_worker_zero():
     assert jobctl.progress_task(job(chief=replica(1), worker=replica(2))) == ("chief", 0)
     assert jobctl.progress_task(job(worker=replica(2))) == ("worker", 0)

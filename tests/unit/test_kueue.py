@@ -764,6 +764,36 @@ def test_no_pod_is_made_for_an_admission_that_no_longer_matches_the_job():
     assert len(sim.pods) == 5
 
 
+def test_an_operator_that_builds_its_pods_differently_leaves_every_admitted_job_running():
+    """An upgrade that adds a variable to every pod (KUBETF_RUN_ID) changed the hash of the PodSets' templates: a
+    comparison of templates would have stopped every admitted job at once. The job's shape is what is compared; a
+    Workload made before shapes were recorded is compared by its queue, roles and counts."""
+    for recorded_shape in (True, False):
+        sim = admitted_and_running(queued(mwms_job()))
+        annotations = sim.api.workload()["metadata"]["annotations"]
+        annotations[kueue.SPEC_HASH_ANNOTATION] = "made-by-an-older-operator"
+        if not recorded_shape:
+            del annotations[kueue.SHAPE_ANNOTATION]
+        sim.api.kueue_wrote(sim.api.workload())
+        sim.step()
+        assert sim.status["phase"] == "Running"
+        assert not any("deletionTimestamp" in p["metadata"] for p in sim.pods.values())
+        sim.job["spec"]["replicaSpecs"]["worker"]["replicas"] = 1
+        sim.api.update_job(sim.key)
+        sim.step()
+        assert "WorkloadChanged" in sim.status["restarts"]["lastReason"], recorded_shape
+
+
+def test_an_admitted_job_whose_resources_grow_is_admitted_anew():
+    sim = admitted_and_running(queued(mwms_job()))
+    container = sim.job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    container.setdefault("resources", {})["requests"] = {"cpu": "3"}
+    sim.api.update_job(sim.key)
+    sim.step()
+    assert all("deletionTimestamp" in p["metadata"] for p in sim.pods.values())
+    assert "WorkloadChanged" in sim.status["restarts"]["lastReason"]
+
+
 def test_a_running_job_whose_admission_no_longer_matches_stops_once_and_is_admitted_anew():
     sim = admitted_and_running(queued(mwms_job()))
     sim.job["spec"]["replicaSpecs"]["worker"]["replicas"] = 1

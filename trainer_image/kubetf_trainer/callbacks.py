@@ -17,7 +17,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf
 
-from . import report
+from . import fence, report
 from .env import TaskInfo, clear_backup_scratch, task_info
 from .keras_report import ReportingMixin
 from .progress import emit
@@ -62,6 +62,7 @@ class Progress(ReportingMixin, tf.keras.callbacks.Callback):
         self.started = True
         self.initial_epoch = initial_epoch
         if initial_epoch == 0 and self.info.is_chief:  # a fresh run: forget an earlier run's evaluations
+            fence.check()
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(self.info.checkpoints_dir, "evaluated.jsonl"))
         emit(
@@ -156,6 +157,7 @@ class Fail(tf.keras.callbacks.Callback):
 
 def _exit_held(signum: int, frame: Any) -> None:
     sys.stdout.flush()
+    fence.release()
     os._exit(SIGTERM_EXIT_CODE)
 
 
@@ -180,6 +182,15 @@ class TensorBoard(tf.keras.callbacks.TensorBoard):
             shutil.rmtree(self._scratch, ignore_errors=True)
 
 
+class ModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
+    """``tf.keras.callbacks.ModelCheckpoint`` that writes only while this run holds the checkpoint directory
+    (``kubetf_trainer.fence``)."""
+
+    def _save_model(self, epoch: int, batch: Any, logs: dict[str, Any] | None) -> None:
+        fence.check()
+        super()._save_model(epoch, batch, logs)
+
+
 class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
     """``tf.keras.callbacks.BackupAndRestore`` plus save-on-SIGTERM that works off GCP.
 
@@ -188,6 +199,9 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
     MultiWorkerMirrored and Mirrored strategies: on SIGTERM every worker finishes the current step,
     saves the backup (model, epoch, step) and the process exits with code 42, which kubetf counts
     as a disruption. The next run resumes at the step after the saved one.
+
+    It restores and saves only while this run of the job holds the checkpoint directory (``kubetf_trainer.fence``:
+    it waits before restoring while another run holds it, and exits 42 before a save once another run took it).
     """
 
     def __init__(
@@ -216,9 +230,11 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
         return bool(self._want_preemption) or super()._implements_train_batch_hooks()
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        fence.claim()  # before restoring: what another run still writes is not read
         strategy = self.model.distribute_strategy
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and not strategy.extended.should_checkpoint:
             # A scratch directory left by a killed run must not be restored from (see clear_backup_scratch).
+            fence.check()
             clear_backup_scratch(self.backup_dir, strategy.extended._task_id)
         super().on_train_begin(logs)
         if not (self._want_preemption and self._preemption_supported()):
@@ -246,18 +262,34 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch = batch
+        if self._preempting():
+            fence.check()  # the preemption save comes in this step
         try:
             super().on_train_batch_end(batch, logs)
         except tf.errors.OpError as exc:
-            handler = self._handler
-            if handler is None or not (
-                handler._received_own_sigterm.is_set() or handler._received_checkpoint_step.is_set()
-            ):
+            if not self._preempting():
                 raise
             # A peer went away in the middle of the preemption protocol: still a disruption, not a failure.
             self._report(saved=False, exit_code=SIGTERM_EXIT_CODE, error=str(exc).splitlines()[0][:200])
             report.flush(final=True)  # os._exit skips the exit-time report
+            fence.release()
             os._exit(SIGTERM_EXIT_CODE)
+
+    def _preempting(self) -> bool:
+        """SIGTERM reached this worker or a peer: the preemption save runs in this step."""
+        handler = self._handler
+        return handler is not None and (
+            handler._received_own_sigterm.is_set() or handler._received_checkpoint_step.is_set()
+        )
+
+    def _backup(self, epoch: int, batch: int = 0) -> None:
+        fence.check()
+        super()._backup(epoch, batch)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.delete_checkpoint:  # the backup is deleted: a write
+            fence.check()
+        super().on_train_end(logs)
 
     def _report(self, saved: bool, exit_code: int, **extra: Any) -> None:
         steps = int((self.params or {}).get("steps") or 0)
@@ -298,5 +330,6 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
                     os.remove(path)
         self._report(saved=True, exit_code=self.exit_code)
         report.flush(final=True)  # os._exit skips the exit-time report
+        fence.release()
         # os._exit: the checkpoint is on disk; skip TensorFlow's teardown, which can wait on peers.
         os._exit(self.exit_code)

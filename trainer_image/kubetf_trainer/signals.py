@@ -9,7 +9,7 @@ import signal
 import sys
 from typing import Any
 
-from . import report
+from . import fence, report
 
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # 143: what a container killed by SIGTERM reports
 
@@ -19,6 +19,7 @@ def _exit(signum: int, frame: Any) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     report.flush(timeout=2.0, final=True)  # the last progress report: os._exit skips the exit-time one
+    fence.release()  # os._exit skips the exit-time release too
     os._exit(128 + signum)
 
 

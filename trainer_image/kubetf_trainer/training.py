@@ -18,8 +18,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf
 
-from . import report
-from .callbacks import BackupAndRestore, Fail, Hold, Progress, TensorBoard
+from . import fence, report
+from .callbacks import BackupAndRestore, Fail, Hold, ModelCheckpoint, Progress, TensorBoard
 from .env import TaskInfo, task_info
 from .progress import emit
 
@@ -76,9 +76,7 @@ def standard_callbacks(
             )
         )
     if epoch_checkpoints:
-        out.append(
-            tf.keras.callbacks.ModelCheckpoint(os.path.join(info.checkpoints_dir, CKPT_PATTERN), save_weights_only=True)
-        )
+        out.append(ModelCheckpoint(os.path.join(info.checkpoints_dir, CKPT_PATTERN), save_weights_only=True))
     if tensorboard and tensorboard_available():
         out.append(TensorBoard(info))
     if progress:
@@ -93,8 +91,12 @@ def standard_callbacks(
 
 
 def prepare(info: TaskInfo | None = None) -> TaskInfo:
-    """Create the checkpoint directories (the chief also clears a stale ``done`` marker)."""
+    """Wait while another run of the job holds the checkpoint directory (``kubetf_trainer.fence``; exits 0 when that
+    run finished the training meanwhile), then create the checkpoint directories (the chief also clears a stale
+    ``done`` marker)."""
     info = info or task_info()
+    fence.claim()
+    fence.check()
     os.makedirs(info.checkpoints_dir, exist_ok=True)
     if info.is_chief and os.path.exists(info.done_marker):
         os.remove(info.done_marker)
@@ -145,6 +147,7 @@ def finish(
     """After ``fit``: save the model (all MWMS workers call this), and on the chief write the
     ``done`` marker the evaluator waits for and print the ``done`` line."""
     info = info or task_info()
+    fence.check()
     model_path = save_model(model, info) if save else None
     if info.is_chief:
         done = {
@@ -160,6 +163,7 @@ def finish(
         os.replace(tmp, info.done_marker)
         losses = (getattr(history, "history", None) or {}).get("loss") or [None]
         emit("done", info, epochs=epochs, model_path=model_path, loss=losses[-1])
+    fence.release(done=True)  # a run of the job waiting for the directory has nothing left to do
     return model_path
 
 
@@ -194,6 +198,7 @@ def evaluate_checkpoints(
     job's ``status.progress``) and, with ``tensorboard``, written as ``epoch_<metric>`` scalars at step
     = epoch to ``$KUBETF_CHECKPOINT_DIR/tensorboard/eval``."""
     info = info or task_info()
+    fence.claim()
     directory = info.checkpoints_dir
     os.makedirs(directory, exist_ok=True)
     record_path = os.path.join(directory, "evaluated.jsonl")
@@ -225,6 +230,7 @@ def evaluate_checkpoints(
             res = {k: float(v) for k, v in res.items()}
             loss = res.pop("loss", None)
             record = emit("eval", info, checkpoint=os.path.basename(prefix), epoch=epoch, loss=loss, metrics=res)
+            fence.check()
             with open(record_path, "a") as f:
                 f.write(json.dumps({"epoch": epoch, "loss": loss, "metrics": res}) + "\n")
             scalars = {"loss": loss, **res} if loss is not None else dict(res)

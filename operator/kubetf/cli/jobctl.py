@@ -53,6 +53,25 @@ def describe_progress(record: dict[str, Any]) -> str:
     if kind == "eval":
         metrics = " ".join(f"{k}={_num(v)}" for k, v in (record.get("metrics") or {}).items())
         return f"evaluator: {record.get('checkpoint', '?')} loss={_num(record.get('loss'))} {metrics}".strip()
+    if kind == "fence":
+        return f"{who} {_fence_words(record)}"
+    return json.dumps(record)
+
+
+def _fence_words(record: dict[str, Any]) -> str:
+    """kubetf_trainer.fence's records: another run of the job (MultiKueue's copy on another cluster) holds or held
+    the checkpoint directory they share."""
+    state = record.get("state")
+    other = record.get("holder") or record.get("before") or {}
+    run = f"run {other.get('run', '?')} of job {other.get('job', '?')}"
+    if state == "waiting":
+        return f"waits, without training: {run} holds the checkpoint directory"
+    if state == "held":
+        return f"took the checkpoint directory over from {run} ({record.get('why', '?')})"
+    if state == "finished elsewhere":
+        return f"exits: {run} finished the training"
+    if state == "superseded":
+        return f"exits ({record.get('exit_code')}): {run} holds the checkpoint directory now"
     return json.dumps(record)
 
 

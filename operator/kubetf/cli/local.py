@@ -226,6 +226,7 @@ class LocalJob:
             "KUBETF_INDEX",
             "KUBETF_STRATEGY",
             "KUBETF_CHECKPOINT_DIR",
+            "KUBETF_RUN_ID",  # a run of this shell's job would wait for this one's checkpoint directory
         ):
             base.pop(key, None)
         for role, index in tasks:

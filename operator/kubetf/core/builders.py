@@ -90,6 +90,12 @@ def task_env(
     checkpoint = spec.get("checkpoint")
     if checkpoint_dir or checkpoint:
         env["KUBETF_CHECKPOINT_DIR"] = checkpoint_dir or checkpoint["mountPath"]
+    uid = job["metadata"].get("uid")
+    if uid:
+        # Which run of the job this is (every restart of its pods is the same; a job made again, or dispatched again
+        # by MultiKueue to another cluster, is a new one): the trainer library lets one run at a time write a
+        # checkpoint directory that runs share (kubetf_trainer.fence). None offline: no job object yet.
+        env["KUBETF_RUN_ID"] = uid
     limits = (training_container(job, role).get("resources") or {}).get("limits") or {}
     if "cpu" in limits:
         threads = api.cpu_threads(limits["cpu"])

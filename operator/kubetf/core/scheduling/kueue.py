@@ -48,7 +48,7 @@ def gate(s: Situation) -> Gate | None:
     admission = s.admission
     if admission is None or not admission.installed:
         return None
-    differs = _differs(s.job, admission, s.config)
+    differs = _differs(s.job, admission)
     if admission.admitted and differs is None:
         return None
     reason, message = admission.waiting(s.job)
@@ -98,7 +98,7 @@ def place(s: Situation) -> Placing:
             found.writes.append(Write(workload, "unfinalize", finalizer=wl.FINALIZER, why="deleted, no pod runs"))
         return found
     found.writes += follow(job, admission, s.config, suspended)
-    release = (admission.evicted or _differs(job, admission, s.config) is not None) and inactive
+    release = (admission.evicted or _differs(job, admission) is not None) and inactive
     found.writes += status_writes(job, admission, s.now, s.status, release)
     return found
 
@@ -146,17 +146,25 @@ def release(pods: list[Pod], lost_nodes: Collection[str]) -> list[Pod]:
 # ---------------------------------------------------------------------- the job's Workloads
 
 
-def _differs(job: Job, admission: Admission, config: OperatorConfig) -> str | None:
-    """Why an admitted Workload no longer matches the job (its PodSets or its queue changed since it was made), or
-    None. A prebuilt one is Kueue's, made from the job on MultiKueue's manager: never compared."""
+def _differs(job: Job, admission: Admission) -> str | None:
+    """Why an admitted Workload no longer matches the job (its queue, replicas, GPUs or resources changed since it was
+    made: `wl.shape`), or None. Made by an operator that recorded no shape: its queue and PodSets' names and counts
+    are compared. A prebuilt one is Kueue's, made from the job on MultiKueue's manager: never compared."""
     workload = admission.workload
     if workload is None or wl.prebuilt_name(job) or not admission.quota_reserved:
         return None
-    made = ((workload.get("metadata") or {}).get("annotations") or {}).get(wl.SPEC_HASH_ANNOTATION)
-    if made is None or made == wl.spec_hash(job, templates(job, config)):
+    recorded = ((workload.get("metadata") or {}).get("annotations") or {}).get(wl.SHAPE_ANNOTATION)
+    if recorded is not None:
+        same = recorded == wl.shape(job)
+    else:
+        spec = workload.get("spec") or {}
+        admitted = [(p.get("name"), p.get("count")) for p in spec.get("podSets") or []]
+        wanted = [(role, s.get("replicas")) for role, s in api.replica_specs(job).items()]
+        same = spec.get("queueName") == queue_name(job) and admitted == wanted
+    if same:
         return None
     return (
-        f"WorkloadChanged: the job's replicas, pod templates or queue changed since Kueue admitted its Workload "
+        f"WorkloadChanged: the job's queue, replicas or resources changed since Kueue admitted its Workload "
         f"{workload['metadata']['name']}"
     )
 

@@ -37,6 +37,7 @@ WORKER_POD_LABEL = "kueue.x-k8s.io/multikueue-worker-workload-pod"
 # What the operator asked of the Workload's spec (its queue and PodSets), so a changed job is seen without comparing
 # templates the API server has defaulted.
 SPEC_HASH_ANNOTATION = "kubetf.io/workload-spec-hash"
+SHAPE_ANNOTATION = "kubetf.io/job-shape"
 # Kueue's pod integration's finalizer, on pods the operator created before it followed the job framework (docs/kueue.md,
 # "Moving from the pod integration"): removed from such a pod once it is deleted and runs nothing.
 POD_FINALIZER = "kueue.x-k8s.io/managed"
@@ -120,6 +121,24 @@ def spec_hash(job: Job, templates: dict[str, Pod]) -> str:
     return _spec_hash({"queueName": queue_name(job), "podSets": pod_sets(job, templates)})
 
 
+def shape(job: Job) -> str:
+    """What of the job its admission depends on, as the user wrote it: its queue and, per role, its replicas, GPUs and
+    containers' resources. The Workload records it when made and when it follows the job (`SHAPE_ANNOTATION`); an
+    admitted Workload of another shape no longer matches the job (Kueue's EquivalentToWorkload). Read from the job,
+    never from the pods the operator builds, so an operator that builds its pods differently (an upgrade: another
+    variable, another label) leaves every admitted job running."""
+    roles = []
+    for role, spec in api.replica_specs(job).items():
+        pod_spec = (spec.get("template") or {}).get("spec") or {}
+        resources = [
+            (c.get("name"), c.get("resources") or {})
+            for key in ("initContainers", "containers")
+            for c in pod_spec.get(key) or []
+        ]
+        roles.append({"name": role, "replicas": spec.get("replicas"), "gpus": spec.get("gpus"), "resources": resources})
+    return _spec_hash({"queueName": queue_name(job), "roles": roles})
+
+
 def desired_workload(job: Job, templates: dict[str, Pod], priority: Priority) -> Workload:
     """The job's Workload, as Kueue's jobframework builds one for its own job types (ConstructWorkload), with the
     operator's labels (its watch selects them) and the hash of the spec it asked for."""
@@ -134,7 +153,7 @@ def desired_workload(job: Job, templates: dict[str, Pod], priority: Priority) ->
             "name": workload_name(job),
             "namespace": api.namespace(job),
             "labels": labels,
-            "annotations": {SPEC_HASH_ANNOTATION: _spec_hash(spec)},
+            "annotations": {SPEC_HASH_ANNOTATION: _spec_hash(spec), SHAPE_ANNOTATION: shape(job)},
             "finalizers": [FINALIZER],
             "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}],
         },
@@ -156,7 +175,7 @@ def spec_update(workload: Workload, job: Job, templates: dict[str, Pod]) -> dict
     digest = _spec_hash(spec)
     if ((workload.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == digest:
         return None
-    return {"metadata": {"annotations": {SPEC_HASH_ANNOTATION: digest}}, "spec": spec}
+    return {"metadata": {"annotations": {SPEC_HASH_ANNOTATION: digest, SHAPE_ANNOTATION: shape(job)}}, "spec": spec}
 
 
 def adoption(workload: Workload, job: Job) -> dict[str, Any] | None:
@@ -435,9 +454,10 @@ def slim(workload: Obj) -> Obj:
     kept_meta = ("name", "namespace", "uid", "generation", "deletionTimestamp", "finalizers", "ownerReferences")
     slim_meta: Obj = {k: meta[k] for k in kept_meta if k in meta}
     slim_meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if k in (api.LABEL_JOB, ORIGIN_LABEL)}
-    spec_hash = (meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-    if spec_hash:
-        slim_meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash}
+    kept_annotations = (SPEC_HASH_ANNOTATION, SHAPE_ANNOTATION)
+    recorded = {k: v for k, v in (meta.get("annotations") or {}).items() if k in kept_annotations}
+    if recorded:
+        slim_meta["annotations"] = recorded
     spec = workload.get("spec") or {}
     pod_sets_ = []
     for pod_set in spec.get("podSets") or []:
