@@ -39,32 +39,52 @@ def formatter(unit: str) -> FuncFormatter:
             return f"{100 * value:.3g}%"
         if unit == "s":
             return f"{value / 3600:.1f} h" if abs(value) >= 7200 else f"{value:.3g} s"
-        return f"{value:.3g}"
+        return f"{value:.4g}"
 
     return FuncFormatter(format_value)
 
 
 def draw(axes, panel: dict) -> None:
-    start = panel["start"]
-    bars: list[tuple[str, float]] = []
+    start, custom = panel["start"], panel.get("custom", {})
+    named: list[tuple[str, dict[float, float]]] = []
+    quantiles = set()  # a quantile of no observations is NaN: nothing to say about it
     for target in panel["targets"].values():
         for series in target["series"]:
-            name = legend(target["legend"], series["metric"])
-            points = [(float(t) - start, number(v)) for t, v in series["values"]]
-            if panel["type"] == "bargauge":
-                bars.append((name, points[-1][1]))
-            else:
-                axes.plot([t for t, _ in points], [v for _, v in points], label=name, linewidth=1.2)
+            points = {float(t) - start: number(v) for t, v in series["values"]}
+            named.append((legend(target["legend"], series["metric"]), points))
+            if "histogram_quantile" in target["expr"]:
+                quantiles.add(named[-1][0])
     if panel["type"] == "bargauge":
-        names = [n for n, _ in bars]
-        axes.barh(names, [v for _, v in bars], color="#5794f2")
+        bars = [(name, points[max(points)]) for name, points in named]
+        axes.barh([n for n, _ in bars], [v for _, v in bars], color="#5794f2")
         axes.xaxis.set_major_formatter(formatter(panel["unit"]))
         axes.invert_yaxis()
         axes.tick_params(axis="y", labelsize=7)
     else:
+        times = sorted({t for _, points in named for t in points})
+        if (custom.get("stacking") or {}).get("mode") == "normal" and named:
+            # Grafana stacks them: a series absent at a step adds nothing there
+            layers = [[points.get(t, 0.0) for t in times] for _, points in named]
+            axes.stackplot(times, layers, labels=[n for n, _ in named], step="post", alpha=0.7)
+        elif custom.get("drawStyle") == "bars":
+            width = (times[1] - times[0]) / (len(named) + 1) if len(times) > 1 else 1.0
+            for i, (name, points) in enumerate(named):
+                axes.bar([t + i * width for t in points], list(points.values()), width=width, label=name)
+        else:
+            for name, points in named:
+                ts = sorted(points)
+                line = axes.plot(ts, [points[t] for t in ts], label=name, linewidth=1.2, marker="o", markersize=2.5,
+                                 drawstyle="steps-post")[0]  # fmt: skip
+                nans = [t for t in ts if math.isnan(points[t])]
+                if nans and name not in quantiles:  # Grafana leaves a gap; here a mark says why
+                    axes.plot(nans, [0.0] * len(nans), "x", color=line.get_color(), label=f"{name}: NaN")
+            finite = [v for _, points in named for v in points.values() if not math.isnan(v)]
+            if finite and min(finite) >= 0:
+                axes.set_ylim(bottom=0, top=max(finite) * 1.15 or 1)
         axes.yaxis.set_major_formatter(formatter(panel["unit"]))
         axes.set_xlabel("seconds into the job's life", fontsize=7)
-        if axes.get_legend_handles_labels()[0]:
+        if named:
+            axes.set_xlim(0, max(times) + 1)
             axes.legend(fontsize=6, loc="best")
     axes.set_title(panel["title"], fontsize=9, loc="left")
     axes.tick_params(labelsize=7)
@@ -82,8 +102,8 @@ def render(results: dict, directory: Path) -> list[Path]:
         if not panels:
             continue
         height = max(p["gridPos"]["y"] + p["gridPos"]["h"] for _, p in panels) - top
-        figure = plt.figure(figsize=(16, 0.42 * height + 0.6))
-        grid = figure.add_gridspec(height, 24, hspace=2.5, wspace=3)
+        figure = plt.figure(figsize=(16, 0.6 * height + 0.6))
+        grid = figure.add_gridspec(height, 24, hspace=5, wspace=3)
         for title, panel in panels:
             g = panel["gridPos"]
             y = g["y"] - top

@@ -146,15 +146,16 @@ class Prometheus:
         return [rule for group in self.api("rules")["groups"] for rule in group["rules"]]
 
     def settle(self) -> float:
-        """Now, once Prometheus has scraped every target after now."""
-        now = time.time()
+        """A moment a scrape interval from now, once Prometheus has scraped every target after it: a range query
+        ending there has its last step after now, so it shows what the targets said up to now."""
+        then = time.time() + SCRAPE_SECONDS
 
         def scraped() -> bool:
             active = self.api("targets")["activeTargets"]
-            return bool(active) and all(_epoch(t["lastScrape"]) > now for t in active)
+            return bool(active) and all(_epoch(t["lastScrape"]) > then for t in active)
 
         wait_for(scraped, 30, "a scrape of every target after now", interval=0.5)
-        return now
+        return then
 
 
 def _epoch(stamp: str) -> float:
