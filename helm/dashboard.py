@@ -44,7 +44,7 @@ JOBS = 'namespace=~"$namespace", job=~"$job"'
 
 # Where issue 47's goodput accounting lands: its panels go in this row.
 GOODPUT_NOTE = """\
-**Goodput**: the share of each job's wall time that trained, the time lost by cause (queued, gang, starting,
+**Goodput**: the share of each job's wall time that trained, the time lost by cause (queued, gangWaiting, starting,
 restarting, steps redone) and how long restarts take to resume training come with the operator's goodput
 accounting: `kubetf_job_goodput_ratio`, `kubetf_job_lost_seconds{cause}` and the histogram
 `kubetf_job_time_to_resume_seconds{cause}`. Until then, *Waiting* above shows how long each job has waited, by cause.
@@ -126,8 +126,8 @@ def build() -> dict:
 
     board = board.with_row(dashboard.Row("Waiting"))
     board = board.with_panel(stacked(series(
-        "Waiting jobs by cause", "Jobs waiting for Kueue's admission (queued), their gang's placement (gang), their "
-        "pods' start (starting) or a restart's replacements (restarting)", "short",
+        "Waiting jobs by cause", "Jobs waiting for Kueue's admission (queued), their gang's placement (gangWaiting), "
+        "their pods' start (starting) or a restart's replacements (restarting)", "short",
         query("count by (cause) (max by (namespace, job, cause) "
               f"(kubetf_job_waiting_since_timestamp_seconds{{{JOBS}}}))", "{{cause}}"),
         w=12,

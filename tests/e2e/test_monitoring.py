@@ -309,10 +309,12 @@ def expected_panels(ns: str) -> dict:
         "Unhealthy training": {
             "A": lambda s: ("life", "LossNotFinite") in {(x["metric"]["job"], x["metric"]["reason"]) for x in s}
         },
-        "Waiting jobs by cause": {"A": lambda s: {"queued", "gang", "starting", "restarting"} <= labels(s, "cause")},
+        "Waiting jobs by cause": {
+            "A": lambda s: {"queued", "gangWaiting", "starting", "restarting"} <= labels(s, "cause")
+        },
         "How long each job has waited": {
             "A": lambda s: (
-                {("life", "queued"), ("gang", "gang")} <= {(x["metric"]["job"], x["metric"]["cause"]) for x in s}
+                {("life", "queued"), ("gang", "gangWaiting")} <= {(x["metric"]["job"], x["metric"]["cause"]) for x in s}
             )
         },
         "Progress": {"A": lambda s: jobs(s) == {"life"} and all(0 < float(v) < 0.5 for _, v in s[0]["values"])},

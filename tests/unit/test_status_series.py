@@ -80,7 +80,7 @@ def test_each_job_shows_its_phase_its_restarts_and_what_it_waits_for_since_when(
     waits = [line for line in lines if line.startswith("kubetf_job_waiting_since_timestamp_seconds")]
     assert sorted(waits) == sorted([
         series("kubetf_job_waiting_since_timestamp_seconds", T0 + 5, job="queued", cause="queued"),
-        series("kubetf_job_waiting_since_timestamp_seconds", T0 + 7, job="gang", cause="gang"),
+        series("kubetf_job_waiting_since_timestamp_seconds", T0 + 7, job="gang", cause="gangWaiting"),
         series("kubetf_job_waiting_since_timestamp_seconds", T0 + 8, job="starting", cause="starting"),
         series("kubetf_job_waiting_since_timestamp_seconds", T0 + 9, job="restarting", cause="restarting"),
     ])  # fmt: skip

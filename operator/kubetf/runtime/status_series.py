@@ -28,8 +28,9 @@ from kubetf.core import timers
 
 JOB = ["namespace", "job"]
 
-# What a job that does not train waits for (label `cause`): the same words as the goodput accounting's lost time.
-QUEUED, GANG, STARTING, RESTARTING = "queued", "gang", "starting", "restarting"
+# What a job that does not train waits for (label `cause`): the same words as the goodput accounting's lost time
+# (kubetf_job_lost_seconds{cause}).
+QUEUED, GANG, STARTING, RESTARTING = "queued", "gangWaiting", "starting", "restarting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +147,8 @@ def _families() -> tuple[
         ),
         GaugeMetricFamily(
             "kubetf_job_waiting_since_timestamp_seconds",
-            "Since when a job waits, by cause: queued (Kueue's admission), gang (its gang's placement), starting (its "
-            "pods' start), restarting (a restart's replacements)",
+            "Since when a job waits, by cause: queued (Kueue's admission), gangWaiting (its gang's placement), "
+            "starting (its pods' start), restarting (a restart's replacements)",
             labels=[*JOB, "cause"],
         ),
         CounterMetricFamily(
