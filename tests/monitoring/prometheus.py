@@ -136,11 +136,14 @@ class Prometheus:
             raise AssertionError(f"{path} {params}: {answer}")
         return answer["data"]
 
-    def query(self, expr: str) -> list[dict]:
-        return self.api("query", query=expr)["result"]
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        """The expression's value now, or `at` that Unix time."""
+        return self.api("query", query=expr, **({"time": at} if at is not None else {}))["result"]
 
     def query_range(self, expr: str, start: float, end: float) -> list[dict]:
-        return self.api("query_range", query=expr, start=start, end=end, step=SCRAPE_SECONDS)["result"]
+        """Every second: a state one scrape showed holds until the next (a scrape interval later), so each such
+        state is at one step or more."""
+        return self.api("query_range", query=expr, start=start, end=end, step=1)["result"]
 
     def rules(self) -> list[dict]:
         return [rule for group in self.api("rules")["groups"] for rule in group["rules"]]
