@@ -42,28 +42,32 @@ DEADLINE = 400  # activeDeadlineSeconds of the life: its ETA (about 500 s at 2 s
 # Grafana's variables, as a user choosing the test's namespace would have them.
 RATE_INTERVAL = "10s"  # Grafana's $__rate_interval at a 2 s scrape interval is 8 s
 
-# Each step of the life is the test's: the first attempt reports a NaN loss (it diverged), every attempt reports
-# 2 steps a second out of 1,000 (an ETA of about 500 s, past its deadline), and exits with the code the
-# test writes into /tmp/exit. The second attempt ignores SIGTERM: deleted, it holds its restart (its pod terminating)
-# until the test tells it to exit.
+# Each step of the life is the test's. Every run reports 2 steps a second out of 1,000 (an ETA of about 500 s, past
+# its deadline) and exits with the code the test writes into /tmp/exit (the container's own: a new run has none).
+# The job's first run reports a NaN loss (it diverged); every later one holds its pod's deletion (SIGTERM ignored)
+# until the test tells it to exit. A run counts the runs before it in its pod (/scratch, an emptyDir a restart in the
+# same pod keeps) and in the pods before it (its attempt): the failure's restart is the same whether it recreates
+# the pod or restarts the program in it.
 PROGRAM = """
 import os, signal, sys, time
 from kubetf_trainer.report import flush, report
 
-attempt = int(os.environ["ATTEMPT"])
-if attempt == 1:
+before = len(os.listdir("/scratch"))
+open(f"/scratch/{before}", "w").close()
+run = int(os.environ["ATTEMPT"]) + before
+if run:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 step = 0
 while not os.path.exists("/tmp/exit"):
     step += 1
-    report(step=100 * attempt + step, steps=1000, stepsPerSecond=2.0,
-           metrics={"loss": float("nan") if attempt == 0 else 1.0 / step})
+    report(step=100 * run + step, steps=1000, stepsPerSecond=2.0,
+           metrics={"loss": 1.0 / step if run else float("nan")})
     flush()
     time.sleep(0.5)
 flush()
 sys.exit(int(open("/tmp/exit").read()))
 """
-# The first attempt's pod stays Pending (starting) until the test lets it go.
+# The job's first pod stays Pending (starting) until the test lets it go.
 GATE = """
 import os, time
 while os.environ["ATTEMPT"] == "0" and not os.path.exists("/tmp/go"):
@@ -80,7 +84,9 @@ def container(name: str, program: str) -> dict:
 
 
 def life_job(queue: Queue) -> dict:
-    template = {"spec": {"initContainers": [container("gate", GATE)], "containers": [container("tensorflow", PROGRAM)],
+    program = {**container("tensorflow", PROGRAM), "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}
+    scratch = [{"name": "scratch", "emptyDir": {}}]
+    template = {"spec": {"initContainers": [container("gate", GATE)], "containers": [program], "volumes": scratch,
                          "terminationGracePeriodSeconds": 300}}  # fmt: skip
     return {
         "strategy": "MultiWorkerMirrored",
@@ -135,14 +141,14 @@ def running(pod: dict) -> bool:
     return pod["status"].get("phase") == "Running"
 
 
-def attempt(cluster, namespace: str, number: int, holds, what: str) -> dict:
-    """life's pod of that attempt, once `holds(pod)`."""
+def life_pod(cluster, namespace: str, holds, what: str) -> dict:
+    """life's pod, once `holds(pod)`."""
 
     def check(pods: dict[str, dict]) -> bool:
         pod = pods.get("life-worker-0")
-        return pod is not None and pod["metadata"]["labels"]["kubetf.io/attempt"] == str(number) and holds(pod)
+        return pod is not None and not pod["metadata"].get("deletionTimestamp") and holds(pod)
 
-    return cluster.wait_pods(namespace, "life", check, f"life's attempt {number}: {what}", 90)["life-worker-0"]
+    return cluster.wait_pods(namespace, "life", check, f"life's pod: {what}", 90)["life-worker-0"]
 
 
 def exec_in(cluster, namespace: str, pod: str, container: str, code: str) -> None:
@@ -196,7 +202,7 @@ def test_every_panel_and_alert_answers_from_a_real_prometheus_over_a_jobs_life(
     # starting: admitted, its pod held Pending by the gate
     give_quota(cluster, queue, "1")
     sees(f'kubetf_job_waiting_since_timestamp_seconds{{{mine}, job="life", cause="starting"}}', "life starting")
-    attempt(cluster, ns, 0, lambda pod: "running" in (pod["status"].get("initContainerStatuses") or [{}])[0].get(
+    life_pod(cluster, ns, lambda pod: "running" in (pod["status"].get("initContainerStatuses") or [{}])[0].get(
         "state", {}), "its gate running")  # fmt: skip
     exec_in(cluster, ns, "life-worker-0", "gate", "open('/tmp/go', 'w')")
     # running, diverged (a NaN loss), its ETA past its deadline
@@ -204,19 +210,19 @@ def test_every_panel_and_alert_answers_from_a_real_prometheus_over_a_jobs_life(
     sees(f'kubetf_job_estimated_completion_timestamp_seconds{{{mine}, job="life"}}', "life's ETA")
     fires("KubetfJobTrainingUnhealthy", "life")
     fires("KubetfJobDeadlineNear", "life")
-    # a failure: restarted at once; the next attempt's loss is finite again
+    # a failure: restarted at once; the next run's loss is finite again
     exec_in(cluster, ns, "life-worker-0", "tensorflow", "open('/tmp/exit', 'w').write('1')")
     sees(f'kubetf_job_restarts_total{{{mine}, job="life", kind="failure"}} == 1', "life's failure restart")
     wait_for(lambda: not prometheus.query(f'kubetf_job_training_unhealthy{{{mine}, job="life"}}'), 90,
              "life healthy again", interval=0.5)  # fmt: skip
     # a disruption: its pod deleted, the restart held while the pod ignores SIGTERM
-    attempt(cluster, ns, 1, running, "running")
+    deleted = life_pod(cluster, ns, running, "running")["metadata"]["uid"]
     cluster.core.delete_namespaced_pod("life-worker-0", ns)
     sees(f'kubetf_job_waiting_since_timestamp_seconds{{{mine}, job="life", cause="restarting"}}', "life restarting")
     exec_in(cluster, ns, "life-worker-0", "tensorflow", "open('/tmp/exit', 'w').write('143')")
     sees(f'kubetf_job_restarts_total{{{mine}, job="life", kind="disruption"}} == 1', "life's disruption restart")
     fires("KubetfJobRestartStorm", "life")
-    attempt(cluster, ns, 2, running, "running")
+    life_pod(cluster, ns, lambda pod: pod["metadata"]["uid"] != deleted and running(pod), "its replacement running")
     exec_in(cluster, ns, "life-worker-0", "tensorflow", "open('/tmp/exit', 'w').write('0')")
     sees(f'kubetf_job_status_phase{{{mine}, job="life", phase="Succeeded"}}', "life succeeded")
     # beside it: a gang that cannot be placed, a job refused
