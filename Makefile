@@ -43,8 +43,9 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed ## .venv with the project, the dev tools and TensorFlow
 
-tools: ## kubectl and helm under ~/.cache/kubetf/bin; Debian's Chromium, the e2e tier's headless browser (TensorBoard)
+tools: ## kubectl, helm, Debian's prometheus and promtool under ~/.cache/kubetf/bin; Debian's Chromium (the e2e tier's headless browser)
 	$(CLUSTER) tools
+	tests/monitoring/install-prometheus.sh
 	@command -v chromium >/dev/null || { echo "apt-get install chromium"; apt-get -o DPkg::Lock::Timeout=600 update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium >/dev/null; }
 

@@ -32,7 +32,13 @@ RELEASE = "kubetf"
 # The chart's defaults but one: progress written every 5 s, not 30, as the tests' jobs train for a minute and their
 # ETA must be seen to fall.
 # Progress written every 5 s (several times in a short run); a stall judged after 60 s (a test hangs a program).
-CHART_VALUES = ("--set", "progress.writeSeconds=5", "--set", "progress.stallSeconds=60")
+# And everything the chart ships for monitoring turned on, as a platform team would (tests/e2e/test_monitoring.py):
+# the scrape annotations, the dashboard's ConfigMap, the ServiceMonitor and the PrometheusRule (their CRDs first).
+MONITORING_VALUES = (
+    "--set", "metrics.scrapeAnnotations=true,metrics.dashboard.enabled=true",
+    "--set", "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
+)  # fmt: skip
+CHART_VALUES = ("--set", "progress.writeSeconds=5", "--set", "progress.stallSeconds=60", *MONITORING_VALUES)
 
 
 TROUBLE = re.compile(r'"severity": "(warning|error|critical)"|leader|lease', re.I)
@@ -125,6 +131,8 @@ def install_chart(e2e_cluster: Cluster) -> None:
     # As `make install` does: helm never upgrades a CRD it finds (the integration tier may have put an older one
     # there), so the CRD goes first, applied server-side over whoever wrote it before.
     run(tool("kubectl"), "apply", "--server-side", "--force-conflicts", "-f", "manifests/crd/")
+    monitoring_crds = run("tests/monitoring/prometheus-operator-crds.sh").stdout.strip()
+    run(tool("kubectl"), "apply", "--server-side", "--force-conflicts", "-f", monitoring_crds)
     image = operator_image_id()
     rolls = ("--set-string", f"podAnnotations.kubetf\\.io/image-id={image}") if image else ()
     helm("upgrade", "--install", RELEASE, "helm/kubetf", "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "5m",

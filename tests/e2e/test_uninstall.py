@@ -49,8 +49,17 @@ def test_helm_uninstall_leaves_no_operator_objects_and_keeps_crd_and_retained_ch
             ("clusterrolebinding", rbac.list_cluster_role_binding(label_selector=release).items),
             ("role", rbac.list_role_for_all_namespaces(label_selector=release).items),
             ("rolebinding", rbac.list_role_binding_for_all_namespaces(label_selector=release).items),
+            ("configmap", cluster.core.list_config_map_for_all_namespaces(label_selector=release).items),
         )
         for o in items
+    ]
+    # what the e2e tier's install turned on for monitoring (tests/e2e/conftest.py): the Prometheus operator's kinds
+    left += [
+        f"{plural} {o['metadata']['name']}"
+        for plural in ("servicemonitors", "prometheusrules")
+        for o in cluster.custom.list_cluster_custom_object(
+            "monitoring.coreos.com", "v1", plural, label_selector=release
+        )["items"]
     ]
     assert left == []
     assert exists(client.ApiextensionsV1Api(cluster.api_client).read_custom_resource_definition, api.CRD_NAME)

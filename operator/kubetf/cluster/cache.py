@@ -208,6 +208,11 @@ class Store:
         with self.lock:
             return len(self.jobs)
 
+    def job_versions(self) -> list[tuple[Key, int, str]]:
+        """Every job as stored: (key, resourceVersion, slim JSON), unparsed (a reader parses the ones it needs)."""
+        with self.lock:
+            return [(key, version, encoded) for key, (version, encoded) in self.jobs.items()]
+
     # ------------------------------------------------------------------ pods
 
     def put_pod(self, job: Key, pod: Mapping[str, Any]) -> bool:

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs
 import kopf
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key
 from kubetf.cluster.kube import Kube, RateLimiter
 from kubetf.cluster.leader import LeaderElector
@@ -32,8 +33,10 @@ from kubetf.core.progress.protocol import MAX_BODY
 from kubetf.runtime import handlers
 from kubetf.runtime.controller import Controller
 from kubetf.runtime.heap import ShortFullCollections
+from kubetf.runtime.memory_limit import MemoryLimit
 from kubetf.runtime.progress.endpoint import ProgressEndpoint
 from kubetf.runtime.server import Answer, Head, Limits, Server
+from kubetf.runtime.status_series import StatusSeries
 
 log = logging.getLogger("kubetf.operator")
 
@@ -80,14 +83,18 @@ def run(config: OperatorConfig, liveness_port: int, metrics_port: int, log_forma
             return 0
     else:
         log.info("kubetf operator %s serving %s (no leader election)", config.identity, where)
+        metrics.LEADER.set(1)  # it acts: the one operator of its jobs, as a leader is
     kube = Kube(
         config.qps, config.burst, config.api_timeout, may_write=elector.is_leader if elector else None,
         instance=config.identity, log_timeout=config.log_timeout,
     )  # fmt: skip
     controller = Controller(kube, config)
-    endpoint.lead(
-        controller.store, controller.book, lambda: serving.is_set() and (elector is None or elector.is_leader())
-    )
+
+    def acting() -> bool:
+        return serving.is_set() and (elector is None or elector.is_leader())
+
+    endpoint.lead(controller.store, controller.book, acting)
+    REGISTRY.register(StatusSeries(controller.store.job_versions, acting))
     if elector is not None:
 
         def leadership(held: bool) -> None:
@@ -225,6 +232,7 @@ def _port_limits(config: OperatorConfig) -> Limits:
 
 def _serve_metrics(port: int, config: OperatorConfig) -> None:
     """Prometheus /metrics, on the operator's bounded server (runtime.server), like every port of it."""
+    REGISTRY.register(MemoryLimit())
     Server(port, _get({"/metrics": metrics_page}), _no_body, _port_limits(config), name="metrics").start()
 
 
