@@ -588,13 +588,19 @@ def test_multikueues_job_on_the_manager_has_its_workload_and_no_pod_and_follows_
     assert kueue.FINALIZER not in workload["metadata"]["finalizers"]
 
 
-def test_multikueues_evicted_job_gives_the_manager_quota_back_at_once():
+def dispatched_on_the_manager():
+    """A MultiKueue job on the manager, its Workload admitted and dispatched to the cluster worker1."""
     document = queued(mwms_job())
     document["spec"]["managedBy"] = multikueue.MANAGED_BY
     sim = kueue_sim(document)
     sim.api.deliver(sim.controller)
     sim.controller.reconcile(sim.key)
     admit(sim, cluster="worker1")
+    return sim
+
+
+def test_multikueues_evicted_job_gives_the_manager_quota_back_at_once():
+    sim = dispatched_on_the_manager()
     sim.job["status"] = {"phase": "Running", "replicaStatuses": {"chief": {"active": 1}, "worker": {"active": 2}}}
     sim.api.update_job(sim.key)
     kueue_evicts(sim, "AdmissionCheck", "Admitting remote lost")  # the worker is gone: its copy says nothing more
@@ -874,12 +880,7 @@ def test_a_multikueue_job_admitted_without_a_multikueue_check_says_so():
 
 def test_the_manager_never_writes_a_dispatched_jobs_status_even_when_its_reconciles_fail():
     """Issue 46: the manager's ReconcileError and Kueue's copy of the worker's status were two writers."""
-    document = queued(mwms_job())
-    document["spec"]["managedBy"] = multikueue.MANAGED_BY
-    sim = kueue_sim(document)
-    sim.api.deliver(sim.controller)
-    sim.controller.reconcile(sim.key)
-    admit(sim, cluster="worker1")
+    sim = dispatched_on_the_manager()
     sim.job["status"] = {"phase": "Running"}  # Kueue's copy of the worker's
     sim.api.update_job(sim.key)
     sim.api.deliver(sim.controller)
