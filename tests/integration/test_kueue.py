@@ -371,6 +371,10 @@ def test_a_job_queued_preempted_once_and_failed_once_shows_its_goodput_adding_up
     once by a higher one, failed once, then succeeded; its worker 0 reports its steps as the trainer does."""
     from tests.integration.test_progress import token_for
 
+    def resumed(cause: str) -> float:
+        return operator.metric_total("kubetf_job_time_to_resume_seconds_count", only={"cause": cause})
+
+    resumed_before = {cause: resumed(cause) for cause in ("preemption", "failure")}
     priority_classes(cluster, **{"kubetf-low": 100, "kubetf-high": 1000})
     cluster.create_job(namespace, "first", two_workers(), **labelled(queue))
     admitted(cluster, namespace, "first", 2, "first admitted", 30)
@@ -443,3 +447,6 @@ def test_a_job_queued_preempted_once_and_failed_once_shows_its_goodput_adding_up
     lost = {cause: metric("kubetf_job_lost_seconds", cause=cause) for cause in seconds if cause != "training"}
     assert metric("kubetf_job_training_seconds") + sum(lost.values()) == pytest.approx(wall, rel=0.01, abs=1.0)
     assert metric("kubetf_job_goodput_ratio") == pytest.approx(kept["ratio"], abs=0.01)
+    # one time to resume for each restart, once its first step came (the only restarts on this operator meanwhile)
+    resumes = {cause: resumed(cause) - before for cause, before in resumed_before.items()}
+    assert resumes == {"preemption": 1, "failure": 1}

@@ -4,22 +4,24 @@ own while it trains."""
 
 import pytest
 
+from kubetf.cluster import metrics
 from kubetf.core import goodput
 from kubetf.core import status as st
 from kubetf.core.progress.protocol import parse_report
 
+from .test_inplace import exits_in_place, restarted, running
 from .test_kueue import admit, kueue_evicts, kueue_sim, queued, run
-from .test_reconcile import mwms_job
+from .test_reconcile import Sim, mwms_job, ps_job
 
 pytestmark = pytest.mark.unit
 
 
-def report(sim, step, rate=10.0):
-    """The chief reports its step (as its pod would, through the progress endpoint)."""
+def report(sim, step, rate=10.0, role="chief"):
+    """A task reports its step (as its pod would, through the progress endpoint): the chief by default."""
     body = f'{{"step": {step}, "steps": 100000, "stepsPerSecond": {rate}}}'.encode()
     job = sim.job
     stored = (job.get("status") or {}).get("progress")
-    sim.controller.book.report(sim.key, job["metadata"]["uid"], stored, parse_report(body), "chief", 0, True)
+    sim.controller.book.report(sim.key, job["metadata"]["uid"], stored, parse_report(body), role, 0, True)
 
 
 def seconds(sim):
@@ -125,3 +127,32 @@ def test_accounting_at_fractions_of_seconds_never_counts_a_moment_twice():
     view = live(status, 1000.0, now)
     assert view.training + sum(view.lost.values()) == pytest.approx(now - 1000.0, abs=1.0)
     assert view.wall == pytest.approx(now - 1000.0)
+
+
+def resumed(cause):
+    """How many times to resume kubetf_job_time_to_resume_seconds holds for that cause, and their sum."""
+    found = {s.name.rsplit("_", 1)[1]: s.value for m in metrics.TIME_TO_RESUME.collect() for s in m.samples
+             if s.labels.get("cause") == cause and s.name.endswith(("_count", "_sum"))}  # fmt: skip
+    return found.get("count", 0.0), found.get("sum", 0.0)
+
+
+def test_a_restart_in_place_is_resumed_once_its_first_step_comes_observed_once():
+    sim = Sim(ps_job())
+    sim.job["metadata"]["creationTimestamp"] = st.format_time(sim.now)
+    sim.step()
+    running(sim)
+    for step in range(10, 100, 10):
+        report(sim, step, role="worker")
+        sim.step(advance=1)
+    count, total = resumed("failure")
+    exits_in_place(sim, "mnist-worker-1", 1)
+    sim.step()
+    restarted(sim, "mnist-worker-1")
+    sim.step(advance=3)
+    assert sim.status["goodput"]["state"] == "restarting" and resumed("failure") == (count, total)
+    sim.now += 2
+    report(sim, 100, role="worker")  # the first step after the restart, 5 s after it
+    for _ in range(3):
+        sim.step(advance=1)
+    assert resumed("failure") == (count + 1, pytest.approx(total + 5, abs=1))
+    assert 0 < sim.status["goodput"]["ratio"] < 1

@@ -44,7 +44,10 @@ class Goodput:
 
     @property
     def ratio(self) -> float:
-        return self.training / self.wall if self.wall > 0 else 0.0
+        """Of the time accounted (the wall time, but for a clock of the operator's behind the API server's, which
+        stamped the job's creation): never above 1."""
+        accounted = self.training + sum(self.lost.values())
+        return self.training / accounted if accounted > 0 else 0.0
 
     def summary(self) -> str:
         """`87% (restarting 2m, queued 40s)`: the share that trained, then the largest losses."""
