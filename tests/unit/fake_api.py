@@ -40,6 +40,7 @@ class FakeApi:
         self.drop_restart_rules = False  # an API server without container restart rules drops them from pods
         self.event_names: set[str] = set()  # the Events posted, by name
         self.refuse_events: list[Exception | None] = []  # what the next Event posts raise, one each (None: nothing)
+        self.refuse_status: list[Exception] = []  # what the next status writes of a job raise, one each
         self.invalid: dict[str, str] = {}  # role -> the API server's message refusing its pods (dry runs too)
         self.logs: dict[str, str] = {}  # pod name -> what its training container printed
         self.unreadable_logs = False  # no kubelet gives a log (kwok's fake nodes, a partitioned node)
@@ -137,7 +138,7 @@ class FakeApi:
         job = copy.deepcopy(document)
         job["metadata"].setdefault("namespace", "default")
         job["metadata"].setdefault("generation", 1)
-        # Shaped like the API server's: a group name keeps the uid's first 8 characters (kubetf.core.kueue)
+        # Shaped like the API server's: a group name keeps the uid's first 8 characters (kubetf.core.scheduling.gangs)
         job["metadata"]["uid"] = f"{next(self.uids):08x}-4a1b-4c2d-8e3f-job000000000"
         self._bump(job)
         self.jobs[(job["metadata"]["namespace"], job["metadata"]["name"])] = job
@@ -180,6 +181,8 @@ class FakeApi:
 
     def patch_job_status(self, job: Obj, patch: Obj) -> Obj | None:
         self.calls.append("patch status")
+        if self.refuse_status:
+            raise self.refuse_status.pop(0)
         stored = self.jobs.get((api.namespace(job), api.name(job)))
         if stored is None:
             return None

@@ -981,3 +981,34 @@ def test_a_failed_post_of_the_second_of_two_held_events_posts_only_that_one_agai
     sim.controller.executor._post_held(key, job)  # the retry
     said = [m for _, _, m in sim.api.recorded]
     assert said.count("the first") == 1 and said.count("the second") == 1
+
+
+def test_an_event_that_happens_again_is_posted_again_and_a_retried_decisions_is_not():
+    """An event is named by the job's version its decision was made on: the second suspension says Suspended again
+    (named by the job and the event alone, it was taken for the first one's post and lost), while a decision retried
+    after its status write failed posts what it had posted already no second time."""
+    from .test_reconcile import Sim, mwms_job
+
+    sim = Sim(mwms_job())
+    sim.step()
+    sim.run()
+    sim.api.deliver(sim.controller)
+    sim.api.refuse_status.append(RuntimeError("503: the status write"))
+    with pytest.raises(RuntimeError):
+        sim.controller.reconcile(sim.key)
+    sim.step()  # the retry: the same decision on the same version of the job
+    reasons = [r for _, r, _ in sim.api.recorded]
+    assert sim.status["phase"] == "Running" and reasons.count("AllPodsRunning") == 1, reasons
+    for _ in range(2):
+        sim.job["spec"]["runPolicy"]["suspend"] = True
+        sim.api.update_job(sim.key)
+        sim.step()
+        sim.gone()
+        sim.step(advance=5)
+        sim.job["spec"]["runPolicy"]["suspend"] = False
+        sim.api.update_job(sim.key)
+        sim.step()
+        sim.run()
+        sim.step(advance=5)
+    reasons = [r for _, r, _ in sim.api.recorded]
+    assert (reasons.count("Suspended"), reasons.count("Resumed"), reasons.count("AllPodsRunning")) == (2, 2, 3), reasons

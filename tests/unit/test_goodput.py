@@ -9,6 +9,7 @@ from kubetf.core import goodput
 from kubetf.core import status as st
 from kubetf.core.progress.protocol import parse_report
 
+from .test_gang import cluster, place, ps
 from .test_inplace import exits_in_place, restarted, running
 from .test_kueue import admit, kueue_evicts, kueue_sim, queued, run
 from .test_reconcile import Sim, mwms_job, ps_job
@@ -21,7 +22,8 @@ def report(sim, step, rate=10.0, role="chief"):
     body = f'{{"step": {step}, "steps": 100000, "stepsPerSecond": {rate}}}'.encode()
     job = sim.job
     stored = (job.get("status") or {}).get("progress")
-    sim.controller.book.report(sim.key, job["metadata"]["uid"], stored, parse_report(body), role, 0, True)
+    run_began = goodput.run_began(job.get("status") or {})  # as the endpoint passes it, from the cached status
+    sim.controller.book.report(sim.key, job["metadata"]["uid"], stored, parse_report(body), role, 0, True, run_began)
 
 
 def seconds(sim):
@@ -156,3 +158,125 @@ def test_a_restart_in_place_is_resumed_once_its_first_step_comes_observed_once()
         sim.step(advance=1)
     assert resumed("failure") == (count + 1, pytest.approx(total + 5, abs=1))
     assert 0 < sim.status["goodput"]["ratio"] < 1
+
+
+def trained(sim, steps, advance=1):
+    for step in steps:
+        report(sim, step)
+        sim.step(advance=advance)
+
+
+def fails_and_restarts(sim, seconds_to_start=12):
+    sim.exit("mnist-worker-0", 1)
+    sim.step()
+    sim.gone()
+    sim.step(advance=seconds_to_start)
+    sim.run()
+    sim.step()
+
+
+def test_a_restart_is_resumed_when_its_first_step_was_reported_not_when_the_status_is_next_written():
+    sim = Sim(mwms_job())
+    sim.job["metadata"]["creationTimestamp"] = st.format_time(sim.now)
+    sim.step()
+    sim.run()
+    sim.step()
+    trained(sim, range(10, 100, 10))
+    count, total = resumed("failure")
+    fails_and_restarts(sim)
+    sim.now += 2
+    report(sim, 100)  # 14 s after the restart; steps went on from there (no checkpoint behind)
+    sim.now += 30  # and the reconcile that writes it comes 30 s later (the held progress's write)
+    sim.step()
+    assert sim.status["goodput"]["state"] == "training"
+    assert resumed("failure") == (count + 1, pytest.approx(total + 14, abs=1))
+    assert seconds(sim).lost["restarting"] == pytest.approx(14, abs=1)
+
+
+def test_a_run_that_trained_and_failed_before_any_reconcile_saw_it_train_is_resumed_and_its_training_counted():
+    """The integration tier's case: the first steps after a restart are held (their write is not due yet) when the
+    next failure comes; the reconcile that counts the failure sees both. The run between went through training."""
+    sim = Sim(mwms_job())
+    sim.job["metadata"]["creationTimestamp"] = st.format_time(sim.now)
+    sim.step()
+    sim.run()
+    sim.step()
+    trained(sim, range(10, 100, 10))
+    count, total = resumed("failure")
+    fails_and_restarts(sim)
+    sim.now += 2
+    report(sim, 100)  # the first step, 14 s after the restart
+    training_before = seconds(sim).training
+    for step in range(110, 150, 10):
+        sim.now += 1
+        report(sim, step)  # held: no reconcile meanwhile
+    sim.now += 1
+    sim.exit("mnist-worker-1", 1)  # 5 s after the first step, the next failure
+    sim.step()
+    assert sim.status["restarts"]["failures"] == 2 and sim.status["goodput"]["state"] == "restarting"
+    assert resumed("failure") == (count + 1, pytest.approx(total + 14, abs=1))
+    assert seconds(sim).training - training_before == pytest.approx(5, abs=1)
+    sim.gone()
+    sim.step(advance=10)
+    assert resumed("failure") == (count + 1, pytest.approx(total + 14, abs=1))  # the second is not resumed yet
+
+
+def test_a_suspension_after_a_restart_that_was_resumed_is_no_restart_of_its_own():
+    """An hour's suspension after a failure the job trained past: its start after the resume is `starting`, and no
+    time to resume of an hour is told."""
+    sim = Sim(mwms_job())
+    sim.job["metadata"]["creationTimestamp"] = st.format_time(sim.now)
+    sim.step()
+    sim.run()
+    sim.step()
+    trained(sim, range(10, 50, 10))
+    fails_and_restarts(sim)
+    trained(sim, range(50, 100, 10))
+    count = resumed("failure")
+    sim.job["spec"]["runPolicy"]["suspend"] = True
+    sim.api.update_job(sim.key)
+    sim.step()
+    sim.gone()
+    sim.step()
+    sim.now += 3600
+    sim.job["spec"]["runPolicy"]["suspend"] = False
+    sim.api.update_job(sim.key)
+    sim.step()
+    sim.run()
+    sim.step(advance=10)
+    assert sim.status["goodput"]["state"] == "starting"
+    trained(sim, range(100, 130, 10))
+    assert sim.status["goodput"]["state"] == "training" and resumed("failure") == count
+    view = seconds(sim)
+    assert view.lost["suspended"] >= 3600 and view.lost["starting"] >= 10
+
+
+def test_a_parameter_server_job_trains_while_a_lone_worker_waits_for_its_gang():
+    sim = cluster(ps(), native=True)
+    sim.job["metadata"]["creationTimestamp"] = st.format_time(sim.now)
+    sim.step()
+    place(sim)
+    sim.step()
+    trained(sim, range(10, 50, 10))
+    sim.evict("mnist-worker-1")
+    sim.step()
+    sim.gone()
+    sim.step(advance=1)
+    trained(sim, range(50, 650, 10))  # the chief trains for a minute while the replacement waits for a node
+    assert sim.status["gang"].get("waitingSince")
+    view = seconds(sim)
+    assert view.training >= 60 and view.lost["gangWaiting"] <= 2
+
+
+def test_a_leader_whose_clock_is_behind_never_counts_a_moment_twice():
+    created = 1_800_000_000.0
+    first_step = st.format_time(created + 1)
+    status = {"phase": "Running", "activeSince": st.format_time(created),
+              "progress": {"lastProgressTime": first_step, "runStartTime": first_step}}  # fmt: skip
+    goodput.account(status, created, created + 100, refresh=True)  # one leader
+    status["phase"], status["restarts"] = "Restarting", {"lastTime": st.format_time(created + 95)}
+    goodput.account(status, created, created + 95, refresh=True)  # the next, its clock 5 s behind
+    status["phase"], status["completionTime"] = "Succeeded", st.format_time(created + 120)
+    goodput.account(status, created, created + 120, refresh=True)
+    view = goodput.live(status, created, created + 120)
+    assert view.training + sum(view.lost.values()) == pytest.approx(120)

@@ -165,3 +165,27 @@ def test_a_kubelet_that_ignores_the_rules_ends_the_pod_which_is_recreated_and_th
     plan = sim.step(advance=20)
     assert [p["metadata"]["name"] for p in plan.create] == ["mnist-worker-1"]
     assert "restartPolicyRules" not in plan.create[0]["spec"]["containers"][0]
+
+
+def test_a_recreated_task_whose_old_pod_restarted_in_place_has_its_first_exit_in_place_counted():
+    """The exits counted of a pod are its own: the replacement's container starts from none, and its first exit in
+    place is a failure of its own, not hidden by the old pod's count."""
+    sim = Sim(ps_job(backoffLimit=10))
+    sim.step()
+    running(sim)
+    for _ in range(2):
+        exits_in_place(sim, "mnist-worker-1", 1)
+        sim.step()
+        restarted(sim, "mnist-worker-1")
+        sim.step()
+    assert sim.status["restarts"]["failures"] == 2
+    sim.evict("mnist-worker-1")  # its node drained: the pod is recreated
+    sim.step()
+    sim.gone()
+    sim.step()
+    assert sim.attempt("mnist-worker-1") == "1"
+    running(sim)
+    sim.pods["mnist-worker-1"]["status"]["containerStatuses"] = [{"name": "tensorflow", "restartCount": 0}]
+    exits_in_place(sim, "mnist-worker-1", 1, "Traceback...\nValueError: again")
+    sim.step()
+    assert sim.status["restarts"]["failures"] == 3 and "ValueError: again" in sim.status["restarts"]["lastReason"]

@@ -889,3 +889,18 @@ def test_the_manager_never_writes_a_dispatched_jobs_status_even_when_its_reconci
         sim.controller.executor.report_failing(sim.key, Failing(attempts, "boom"), sim.now)
     assert sim.api.calls.count("patch status") == writes and sim.status == {"phase": "Running"}
     assert [r for _, r, _ in sim.api.recorded].count("ReconcileError") == 1  # said once, as an event
+
+
+def test_a_job_deleted_while_no_operator_ran_has_its_admitted_workload_finished_and_let_go():
+    """Its Workload (admitted, no pod made yet) held its quota for good: the next operator queued only jobs and the
+    jobs of cached pods, and the garbage collector's deletion brought no event it had not seen."""
+    sim = kueue_sim(queued(mwms_job()))
+    sim.step()
+    admit(sim)
+    sim.api.jobs.pop(sim.key)  # deleted while no operator runs
+    sim.restart_operator()
+    assert sim.controller.queue.get()[0] == sim.key  # queued by the prime
+    assert sim.controller.reconcile(sim.key) is None  # nothing of the job is left to plan: its remains go
+    workload = sim.api.workload()
+    assert conditions(workload)["Finished"]["reason"] == "OwnerNotFound"
+    assert kueue.FINALIZER not in workload["metadata"]["finalizers"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from kubetf.core import api, inplace, policy, scheduling
 from kubetf.core import status as st
-from kubetf.core.scheduling import volcano, workload
+from kubetf.core.scheduling import workload
 from kubetf.core.types import Resource
 
 Key = tuple[str, str]  # (namespace, name)
@@ -81,14 +81,13 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     if controller:
         slim_meta["ownerReferences"] = controller[:1]  # whose it is: this job's, a previous one's, or another's
     # Finalizers: Kueue's pod integration's (kubetf.core.scheduling.kueue.legacy_held), and whether a forced deletion
-    # removes
-    # the pod at once (executor).
+    # removes the pod at once (executor).
     if meta.get("finalizers"):
         slim_meta["finalizers"] = list(meta["finalizers"])
-    # The gang's PodGroup the pod is in (gangs.pod_group_of): an older generation's goes once no pod is in it; and
-    # whether it was given restart rules (kubetf.core.inplace.ignored).
+    # What the schedulers read of a pod (Volcano's PodGroup it is in: an older generation's goes once no pod is in
+    # it), and whether it was given restart rules (kubetf.core.inplace.ignored).
     kept_annotations = {
-        k: v for k, v in (meta.get("annotations") or {}).items() if k in (volcano.GROUP_ANNOTATION, inplace.ASKED)
+        k: v for k, v in (meta.get("annotations") or {}).items() if k in (*scheduling.POD_ANNOTATIONS, inplace.ASKED)
     }
     if kept_annotations:
         slim_meta["annotations"] = kept_annotations
@@ -303,6 +302,11 @@ class Store:
     def pod_jobs(self) -> list[Key]:
         with self.lock:
             return list(self.pods)
+
+    def owned_jobs(self) -> list[Key]:
+        """The jobs (by key) that own an object in the cache besides pods (a Workload, a PodGroup)."""
+        with self.lock:
+            return list(self.owned)
 
     def pod_count(self) -> int:
         with self.lock:

@@ -545,7 +545,7 @@ class Kube:
             raise
         return True
 
-    # ------------------------------------------------------------------ Kueue (kubetf.core.kueue)
+    # ------------------------------------------------------------------ Kueue (kubetf.core.scheduling.kueue)
 
     def get_owned(self, resource: Resource, namespace: str, name: str) -> Obj | None:
         """One object of a kind a scheduler integration makes (kubetf.core.scheduling.RESOURCES); None when it does

@@ -8,15 +8,17 @@ A job's wall time runs from its creation to its end (or now). Each moment of it 
 | `training` | its training steps move, since the first step of the current run |
 | `queued` | Kueue keeps it queued (no pod) |
 | `gangWaiting` | its gang waits to be placed |
-| `starting` | its pods are created (or about to be) until the first training step, before any restart |
-| `restarting` | a disruption or a failure until the first training step after it |
+| `starting` | from its start (or a suspension's end, or an admission no restart came before) to the first step |
+| `restarting` | a disruption or a failure (a queue's preemption too) until the first training step after it |
 | `suspended` | suspended by its user |
 
 and one cause that is never a state: `redone`, the training a restart threw away (the steps since the checkpoint it
 resumed from), moved out of `training` once the resumed run reports where it went back to.
 
 The sums add up to the wall time by construction: a transition closes the open state at the moment it is known to
-have ended (a restart's time, the first step's report, the gang placed), never later than now. The status changes
+have ended (a restart's time, the first step's report, the gang placed), never later than now. `trainingSince` keeps
+when the latest training began (the first step after a start or a restart): the time to resume of a restart ends
+there, and a restart training came after is over (an hour's suspension later is no restart's). The status changes
 only at transitions, and with any write the job makes anyway (`refresh`): a job that trains quietly costs no write.
 `live` gives what a reader sees now (the open state counted up to now): `kubetf status`, the metrics.
 """
@@ -56,6 +58,14 @@ class Goodput:
         return f"{self.ratio:.0%}" + (f" ({words})" if words else "")
 
 
+def run_began(status: dict[str, Any]) -> float | None:
+    """When the job's current run began: its latest restart, or the start of its current active period (admitted,
+    resumed), whichever came last. The first report after it is the run's first step (kubetf.core.progress.merge)."""
+    restarted = st.parse_time((status.get("restarts") or {}).get("lastTime"))
+    active = st.parse_time(status.get("activeSince"))
+    return max((t for t in (restarted, active) if t is not None), default=None)
+
+
 def state(status: dict[str, Any], progress: dict[str, Any] | None = None) -> tuple[str | None, float | None]:
     """The state the job is in now (None: it ended) and since when, as far as the status and its freshest progress
     (the operator's, newer than the status until written; default the status's) say."""
@@ -66,20 +76,25 @@ def state(status: dict[str, Any], progress: dict[str, Any] | None = None) -> tup
         return "queued", st.parse_time(status.get("queuedSince"))
     if phase == st.SUSPENDED:
         return "suspended", None
-    gang = status.get("gang") or {}
-    if gang.get("waitingSince") and not gang.get("placedAt"):
-        return "gangWaiting", st.parse_time(gang["waitingSince"])
-    restarted = st.parse_time((status.get("restarts") or {}).get("lastTime"))
-    active = st.parse_time(status.get("activeSince"))  # its pods may run since (admitted, resumed)
-    run = max((t for t in (restarted, active) if t is not None), default=None)  # the current run began
+    run = run_began(status)
     progress = (progress if progress is not None else status.get("progress")) or {}
     moved = st.parse_time(progress.get("lastProgressTime"))
     began = st.parse_time(progress.get("runStartTime"))  # the current run's first report (progress.merge)
-    if moved is not None and (run is None or moved > run):
+    if moved is not None and (run is None or moved > run):  # a parameter server job trains while a worker waits
         return TRAINING, began if began is not None and (run is None or began > run) else moved
+    gang = status.get("gang") or {}
+    if gang.get("waitingSince") and not gang.get("placedAt"):
+        return "gangWaiting", st.parse_time(gang["waitingSince"])
     placed = st.parse_time(gang.get("placedAt"))  # a gang waited: starting begins once it is placed
     began_starting = max((t for t in (run, placed) if t is not None), default=None)
-    return ("restarting" if restarted is not None else "starting"), began_starting
+    return ("restarting" if unresumed(status) is not None else "starting"), began_starting
+
+
+def unresumed(status: dict[str, Any]) -> float | None:
+    """The time of the job's latest restart while no training has come after it, else None."""
+    restarted = st.parse_time((status.get("restarts") or {}).get("lastTime"))
+    trained = st.parse_time((status.get("goodput") or {}).get("trainingSince"))
+    return restarted if restarted is not None and (trained is None or trained < restarted) else None
 
 
 def account(
@@ -95,23 +110,50 @@ def account(
     at = float(math.floor(at)) if at is not None else None
     start = float(math.floor(created)) if created is not None else now
     since = st.parse_time(found.get("since")) or start
+    now = max(now, since)  # a leader whose clock is behind the last one's never counts a moment again
     # First seen (a new job; or one from before goodput was kept, whose past is taken for what it is now)
     current = found.get("state") or new or ENDED
     seconds: dict[str, float] = {k: float(v) for k, v in (found.get("seconds") or {}).items()}
     at = min(max(at if at is not None else now, since), now)
+    fresh = progress if progress is not None else status.get("progress") or {}
+    began = _new_run(fresh, found, current, new, at, now)
+    if began is not None:
+        # The run's first step came while the job was starting: training since then (before this reconcile saw it,
+        # and even if it ended again before: a restart the same reconcile saw). Counted back from the open state's.
+        began = max(began, since - seconds.get(current, 0.0))
+        if began < since:
+            seconds[current] -= since - began
+        _add(seconds, current, began - since)
+        since, current = began, TRAINING
+        found["trainingSince"] = st.format_time(began)
     moved = (new or ENDED) != current
     if moved:
         _add(seconds, current, at - since)
         since, current = at, new or ENDED
+        if current == TRAINING:
+            found["trainingSince"] = st.format_time(at)
     if refresh and new is not None:
         _add(seconds, current, now - since)
         since = now
-    _redone(progress if progress is not None else status.get("progress") or {}, seconds, found)
+    _redone(fresh, seconds, found)
     found.update(state=current, since=st.format_time(since), seconds={k: round(v, 1) for k, v in seconds.items()})
     if refresh or moved or "ratio" not in found:
         view = live(dict(status, goodput=found), created, now)
         found["ratio"], found["percent"], found["summary"] = round(view.ratio, 3), f"{view.ratio:.0%}", view.summary()
     status["goodput"] = found
+
+
+def _new_run(
+    progress: dict[str, Any], found: dict[str, Any], current: str, new: str | None, at: float, now: float
+) -> float | None:
+    """When the current run's first step came (whole seconds), if it came while the job was starting or restarting
+    and no training was counted since: before the state it went to next, if any."""
+    began = st.parse_time(progress.get("runStartTime"))
+    trained = st.parse_time(found.get("trainingSince"))
+    if current not in ("starting", "restarting") or began is None or (trained is not None and began <= trained):
+        return None
+    began = float(math.floor(began))
+    return began if began <= (now if new == TRAINING else at) else None
 
 
 def _redone(progress: dict[str, Any], seconds: dict[str, float], found: dict[str, Any]) -> None:

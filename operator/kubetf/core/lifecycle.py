@@ -12,7 +12,7 @@ from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.plan import Event, Plan
 from kubetf.core.refusals import WAITS
-from kubetf.core.status import COMPLETED, WAITING, Pod, TaskView
+from kubetf.core.status import COMPLETED, Pod, TaskView
 from kubetf.core.timers import Clock
 
 # Waits that end by themselves: an Event at most, never a Warning.
@@ -80,8 +80,7 @@ def suspend(d: Decision, pods: list[Pod]) -> None:
         d.regroup(views, restarted)
         for view in views.values():
             if view.state != COMPLETED:
-                view.attempt += 1
-                view.state = WAITING
+                view.replace()  # its pod is deleted with the others below
         store_tasks(status, views)
         d.plan.persist_first = True
     d.plan.delete += [p for p in pods if not st.is_deleting(p)]

@@ -416,7 +416,7 @@ CAUSES: dict[str, Reason] = {
         "The pod got a `DisruptionTarget` condition without a reason.",
         "Nothing.",
     ),
-    # Kueue stops a queued job's pods through its Workload (kubetf.core.kueue.Admission.eviction): the whole job
+    # Kueue stops a queued job's pods through its Workload (core.scheduling.workload.Admission.eviction): the whole job
     # restarts once, waits in its queue and resumes from its checkpoint once admitted again.
     "Preempted": Reason(
         "`Disrupted: Preempted by Kueue: ...`",

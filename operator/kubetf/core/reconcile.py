@@ -85,7 +85,8 @@ def plan(seen: Observed, config: OperatorConfig) -> Plan:
     result = Plan(job=api.with_defaults(seen.job), status=status, admission=seen.admission)
     # The events a decision stored with its status and an operator that stopped did not post (kubetf.runtime
     # .executor): posted first now, under their own names (one posted already is not posted again).
-    result.events += [Event(e["type"], e["reason"], e["message"]) for e in status.pop("pendingEvents", None) or []
+    result.events += [Event(e["type"], e["reason"], e["message"], str(e.get("basis") or ""))
+                      for e in status.pop("pendingEvents", None) or []
                       if isinstance(e, dict) and {"type", "reason", "message"} <= set(e)]  # fmt: skip
     status.setdefault("restarts", {"failures": 0, "disruptions": 0, "total": 0})
     generation = seen.job["metadata"].get("generation")
@@ -255,10 +256,7 @@ def _settle_in_place(d: Decision, views: dict[str, TaskView]) -> None:
         stayed = alive and view.exits <= (view.exits_at or 0)
         view.in_place_by = view.exits_at = None
         if stayed and pod is not None:  # its program never exited: replaced as before
-            view.stale.append(pod)
-            view.pod = None
-            view.attempt += 1
-            view.state = WAITING
+            view.replace()
             d.plan.persist_first = True
 
 
@@ -446,11 +444,7 @@ def _restart(
             view.exits_at = view.exits if window is not None else None
             view.exits, view.in_place_by = max(view.exits, exits), window
             continue
-        if view.pod is not None:
-            view.stale.append(view.pod)
-            view.pod = None
-        view.attempt += 1
-        view.state = WAITING
+        view.replace()
     store_tasks(status, views)
     if not disrupted and not in_place:  # in place, the kubelet's crash-loop back-off times the restart
         status["restartAfter"] = st.format_time(d.now + policy.backoff_seconds(job, restarts["failures"]))

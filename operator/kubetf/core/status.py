@@ -160,6 +160,16 @@ class TaskView:
     def key(self) -> str:
         return task_key(self.role, self.index)
 
+    def replace(self) -> None:
+        """Its next attempt, in a new pod: its old pod goes with the stale ones (if any), and the exits counted of
+        the old pod's container are not the new one's."""
+        if self.pod is not None:
+            self.stale.append(self.pod)
+            self.pod = None
+        self.attempt += 1
+        self.state = WAITING
+        self.exits, self.in_place_by, self.exits_at = 0, None, None
+
 
 def task_records(job: Job) -> dict[str, dict[str, Any]]:
     records: dict[str, dict[str, Any]] = (job.get("status") or {}).get("tasks") or {}

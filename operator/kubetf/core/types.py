@@ -22,13 +22,22 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+    # The version of the job the decision that says it was made on (its resourceVersion; `decided_on`): the same
+    # event decided again on the same version (a retry) is the same Event object; decided again later, a new one.
+    basis: str = ""
+
+    def decided_on(self, job: Obj) -> Event:
+        """This event, of a decision made on `job` as it was read (an event that has its basis keeps it)."""
+        if self.basis:
+            return self
+        return Event(self.type, self.reason, self.message, str((job.get("metadata") or {}).get("resourceVersion")))
 
     def name(self, job: Obj) -> str:
-        """The Event object's name: the same for the same event of the same job (its uid) in the same run of it (its
-        restart count), so a post made again (a retry, another operator after a crash) is the one already there."""
-        meta, restarts = job.get("metadata") or {}, ((job.get("status") or {}).get("restarts") or {})
-        said = f"{meta.get('uid')}|{restarts.get('total', 0)}|{self.type}|{self.reason}|{self.message}"
-        return f"{meta.get('name')}.{hashlib.sha1(said.encode()).hexdigest()[:16]}"
+        """The Event object's name: the same for the same event of the same job (its uid) decided on the same version
+        of it (`basis`), so a post made again (a retry, another operator after a crash) is the one already there, and
+        one that happens again (a second suspension) is an Event of its own."""
+        said = f"{(job.get('metadata') or {}).get('uid')}|{self.basis}|{self.type}|{self.reason}|{self.message}"
+        return f"{(job.get('metadata') or {}).get('name')}.{hashlib.sha1(said.encode()).hexdigest()[:16]}"
 
     def as_status(self) -> dict[str, str]:
         return asdict(self)
@@ -57,9 +66,9 @@ class Resource:
 
 @dataclass(frozen=True)
 class Write:
-    """One write of an object a job owns, other than its pods (kubetf.cluster.objects carries it out):
+    """One write of an object a job owns, other than its pods (kubetf.cluster.kube.Kube.write carries it out; the
+    objects a job creates are creates of the plan's, not writes):
 
-    - `create`: create `obj` (an existing one of its name is fine only if it is the job's own: `owned_by`);
     - `patch` / `status`: a merge patch of the object or of its status subresource, against the resourceVersion read
       (the object's, then each earlier write's answer): a write never lands on a newer version;
     - `unfinalize`: `finalizer` removed (a JSON patch testing the version read and the finalizer's place);

@@ -159,7 +159,9 @@ class Controller:
                     for obj in filter(serves, items):
                         self.store.put_owned(obj)
         self.requeue_all()
-        for key in self.store.pod_jobs():  # pods of a job deleted while no operator ran: Kueue's finalizer
+        # What a job deleted while no operator ran left: pods (Kueue's old finalizer), a Workload whose quota is held
+        # until it is finished and let go. The garbage collector's deletion of it brings no event once seen.
+        for key in {*self.store.pod_jobs(), *self.store.owned_jobs()}:
             if self.store.job(key) is None:
                 self.queue.add(key, NORMAL)
         log.info("cache primed in %.1fs: %d jobs, %d pods", time.monotonic() - started, self.store.job_count(),

@@ -3,8 +3,9 @@
 Events go out before the status write that records their decision, but for a decision that must be stored before
 pods are touched (a restart, a failure, a suspend): its events go out after its deletes, which a preemption's
 replacements wait for, and are stored with the decision (`pendingEvents`: an operator that stops before it posts them
-leaves them to the next). Each event has a name of its own (`Event.name`): posted again, by a retry or the next
-operator, it is the one already there; none is lost, none is posted twice.
+leaves them to the next). Each event is named by its job's version its decision was made on (`Event.name`): posted
+again by a retry of that decision or by the next operator (stored events keep their basis), it is the one already
+there; an event that happens again later (a second suspension) is an Event of its own.
 Its own creates and deletes are recorded as expectations (cluster.workqueue), so no reconcile acts on a cache that
 has not seen them; created pods go into the cache at once, so their ADDED events bring no reconcile.
 """
@@ -19,7 +20,7 @@ from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key, Store, changed_besides_status
 from kubetf.cluster.kube_api import Conflict, Creation, KubeApi, Refused
 from kubetf.cluster.workqueue import Expectations, WorkQueue
-from kubetf.core import failing, reconcile, refusals, scheduling
+from kubetf.core import failing, goodput, reconcile, refusals, scheduling
 from kubetf.core import status as st
 from kubetf.core.config import OperatorConfig
 from kubetf.core.failing import Failing
@@ -87,6 +88,8 @@ class Executor:
         original = job.get("status") or {}
         self._post_held(key, job)
         plan, trial_refusal = self._try(job, plan, seen.now)
+        read = job  # the version this decision was made on: its events' basis (Event.name)
+        plan.events = [e.decided_on(read) for e in plan.events]
         stored, posted = original, 0
         if plan.persist_first and plan.status != stored:
             # With its events: an operator that stops before it posts them leaves them to the next one
@@ -104,6 +107,7 @@ class Executor:
         failed = self._write_objects(key, plan.writes)
         refusal = creation.refusal or trial_refusal
         final = reconcile.after_creates(plan, seen.pods, creation.created, refusal, seen.now, self.config, stored)
+        final.events = [e.decided_on(read) for e in final.events]
         if not self._report_later(key, job, stored, final, creation, refusal, posted, seen.now):
             self._post(job, final.events, posted, key)
             # Events stored as pending (and posted since) go with the next write the job makes anyway, not one of
@@ -352,7 +356,7 @@ class Executor:
         """Post `events[start:]`, each under its own name (`Event.name`: one posted again is the one already
         there), but those this operator posted already (`posted`); returns how many are posted."""
         for event in events[start:]:
-            name = event.name(job)
+            name = event.decided_on(job).name(job)
             with self.lock:
                 if key is not None and name in self.posted.get(key, ()):
                     continue
@@ -433,15 +437,18 @@ def _count_restarts(original: dict[str, Any], final: dict[str, Any]) -> None:
 
 
 def _time_to_resume(original: dict[str, Any], final: dict[str, Any]) -> None:
-    """kubetf_job_time_to_resume_seconds: once the first training step after a restart is seen, how long after the
-    restart it came, by what the restart was (a queue's preemption: the job was queued meanwhile)."""
+    """kubetf_job_time_to_resume_seconds: once the first training step after a restart is seen (a new
+    `trainingSince`: the step's report, not this reconcile), how long after the restart it came, by what the restart
+    was (a queue's preemption: the job was queued meanwhile). Seen once, though this reconcile also saw the job
+    restart again; a restart training came after already (a suspension since) is not resumed again."""
     before, after = original.get("goodput") or {}, final.get("goodput") or {}
-    if before.get("state") not in ("restarting", "queued") or after.get("state") != "training":
+    resumed = st.parse_time(after.get("trainingSince"))
+    restarted = goodput.unresumed(original)
+    if resumed is None or after.get("trainingSince") == before.get("trainingSince"):
         return
-    restarts = final.get("restarts") or {}
-    restarted, resumed = st.parse_time(restarts.get("lastTime")), st.parse_time(after.get("since"))
-    if restarted is None or resumed is None or resumed < restarted:
+    if restarted is None or resumed < restarted:
         return
+    restarts = original.get("restarts") or {}  # the restart resumed, not one this reconcile counted
     kind = "preemption" if "by Kueue" in str(restarts.get("lastReason")) else str(restarts.get("lastKind")).lower()
     metrics.TIME_TO_RESUME.labels(kind if kind in ("failure", "disruption", "preemption") else "other").observe(
         resumed - restarted

@@ -29,20 +29,27 @@ class Held:
 
 
 def merge(
-    progress: dict[str, Any] | None, report: Report, role: str, index: int, coordinator: bool, now: float
+    progress: dict[str, Any] | None,
+    report: Report,
+    role: str,
+    index: int,
+    coordinator: bool,
+    now: float,
+    run_began: float | None = None,
 ) -> dict[str, Any]:
     """The new ``status.progress`` after ``report`` from task ``role``-``index`` at ``now`` (Unix seconds).
 
     ``coordinator``: the task that reports training progress (the chief, else worker 0). The evaluator's reports
-    become ``evalMetrics``; other tasks' reports change nothing. The result is a new dict (JSON-able); the input is
-    not modified.
+    become ``evalMetrics``; other tasks' reports change nothing. ``run_began``: when the job's current run began (its
+    latest restart or admission, kubetf.core.goodput.run_began): the first report after it is the run's first step
+    (``runStartTime``). The result is a new dict (JSON-able); the input is not modified.
     """
     old = sane(progress)
     if role == "evaluator":
         return _merge_evaluation(old, report, now)
     if not coordinator:
         return old
-    return _merge_training(old, report, now)
+    return _merge_training(old, report, now, run_began)
 
 
 _COUNTS = ("epoch", "epochs", "step", "steps", "evalEpoch", "evalStep", "etaSeconds")
@@ -114,10 +121,13 @@ def restarted(progress: dict[str, Any], report: Report) -> bool:
     return False
 
 
-def _merge_training(old: dict[str, Any], report: Report, now: float) -> dict[str, Any]:
+def _merge_training(old: dict[str, Any], report: Report, now: float, run_began: float | None) -> dict[str, Any]:
     new = dict(old)
     back = restarted(old, report)
     after_final = bool(old.get("final"))  # a new run of the program: the time in between is no training
+    reported = rates.time_of(old.get("lastReportTime"))
+    # The times are whole seconds: a report in the second of the restart is the old run's (a new one takes longer)
+    first = back or after_final or reported is None or (run_began is not None and reported <= run_began)
     for key, value in (("epochs", report.epochs), ("steps", report.steps)):
         if value is not None:
             new[key] = value
@@ -129,7 +139,7 @@ def _merge_training(old: dict[str, Any], report: Report, now: float) -> dict[str
     moved = (new.get("epoch"), new.get("step")) != (old.get("epoch"), old.get("step")) or "lastProgressTime" not in old
     if moved:
         new["lastProgressTime"] = format_time(now)
-    if back or after_final or "lastReportTime" not in old:  # a run's first report (goodput: its first step)
+    if first:  # a run's first report (goodput: its first step)
         new["runStartTime"] = format_time(now)
     if back:  # what a restart threw away, for goodput's `redone`: the old run's lead at its own rate
         new["resumedFrom"] = {"at": format_time(now), "lostSeconds": round(_lost_seconds(old, report), 1)}

@@ -45,6 +45,7 @@ _BY_NAME: dict[str, Integration] = {
 }
 ALL: tuple[Integration, ...] = tuple(_BY_NAME.values())
 RESOURCES: tuple[Resource, ...] = tuple(dict.fromkeys(r for i in ALL for r in i.RESOURCES))
+POD_ANNOTATIONS: tuple[str, ...] = tuple(dict.fromkeys(a for i in ALL for a in i.POD_ANNOTATIONS))
 
 
 def of(job: Job, status: Mapping[str, Any]) -> list[Integration]:

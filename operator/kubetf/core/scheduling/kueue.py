@@ -37,6 +37,7 @@ from kubetf.core.types import Event, Job, Obj, Pod, Resource, Write, owned_by, u
 NAME = "Kueue"
 RESOURCES: tuple[Resource, ...] = (wl.WORKLOADS,)
 RUNS_PODS = True
+POD_ANNOTATIONS: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------- the seam (kubetf.core.scheduling)

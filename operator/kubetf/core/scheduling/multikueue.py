@@ -24,8 +24,8 @@ from kubetf.core.types import Job, Pod, Resource, Write
 NAME = "MultiKueue"
 RESOURCES: tuple[Resource, ...] = (wl.WORKLOADS,)
 RUNS_PODS = False
-# spec.managedBy: unset or the operator's own means this operator runs the job; MultiKueue's, another cluster.
-MANAGED_BY_OPERATOR = "kubetf.io/operator"
+POD_ANNOTATIONS: tuple[str, ...] = ()
+# spec.managedBy: unset means this operator runs the job; MultiKueue's, another cluster.
 MANAGED_BY = api.MANAGED_BY_MULTIKUEUE
 NOT_DISPATCHED = "NotDispatched"
 

@@ -20,6 +20,7 @@ NAME = "Kubernetes"
 GROUP, VERSION = "scheduling.k8s.io", "v1beta1"
 TEMPLATE = "training"  # the Workload's pod group template
 RUNS_PODS = True
+POD_ANNOTATIONS: tuple[str, ...] = ()
 
 
 def _slim_group(group: Obj) -> Obj:

@@ -104,6 +104,7 @@ class Integration(Protocol):
     NAME: str
     RESOURCES: tuple[Resource, ...]  # what it makes for a job: watched, cached, written by the shell
     RUNS_PODS: bool  # False: the job's pods run on another cluster (MultiKueue's manager)
+    POD_ANNOTATIONS: tuple[str, ...]  # the pods' annotations it reads: kept by the cache
 
     def gate(self, s: Situation) -> Gate | None: ...
     def regroup(self, s: Situation, restarted: set[Task]) -> None: ...

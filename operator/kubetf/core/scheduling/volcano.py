@@ -21,6 +21,7 @@ GROUP, VERSION = "scheduling.volcano.sh", "v1beta1"
 SCHEDULER = "volcano"
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 RUNS_PODS = True
+POD_ANNOTATIONS: tuple[str, ...] = (GROUP_ANNOTATION,)  # the PodGroup a pod is in
 
 
 def _slim_group(group: Obj) -> Obj:

@@ -115,12 +115,6 @@ def _spec_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def spec_hash(job: Job, templates: dict[str, Pod]) -> str:
-    """The hash of the Workload spec the job asks for now (its queue and PodSets): what the Workload records
-    (`SPEC_HASH_ANNOTATION`), so a changed job is seen without comparing templates the API server has defaulted."""
-    return _spec_hash({"queueName": queue_name(job), "podSets": pod_sets(job, templates)})
-
-
 def shape(job: Job) -> str:
     """What of the job its admission depends on, as the user wrote it: its queue and, per role, its replicas, GPUs and
     containers' resources. The Workload records it when made and when it follows the job (`SHAPE_ANNOTATION`); an

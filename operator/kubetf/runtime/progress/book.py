@@ -70,16 +70,18 @@ class ProgressBook:
             return entry is not None and entry.uid == uid
 
     def report(
-        self, key: Key, uid: str, stored: dict | None, report: Report, role: str, index: int, coordinator: bool
-    ) -> None:
+        self, key: Key, uid: str, stored: dict | None, report: Report, role: str, index: int, coordinator: bool,
+        run_began: float | None = None,
+    ) -> None:  # fmt: skip
         """Fold a report of task `role`-`index` of job `key` (incarnation `uid`) in. `stored`: the job's
-        `status.progress` as the API server has it, read when `knows` said no (None when it had none)."""
+        `status.progress` as the API server has it, read when `knows` said no (None when it had none); `run_began`:
+        when the job's current run began, as its status says (kubetf.core.goodput.run_began)."""
         now = self.clock()
         with self.lock:
             entry = self.entries.get(key)
             if entry is None or entry.uid != uid:
                 entry = self.entries[key] = _Entry(uid, merge.sane(stored))
-            entry.progress = merge.merge(entry.progress, report, role, index, coordinator, now)
+            entry.progress = merge.merge(entry.progress, report, role, index, coordinator, now, run_began)
             entry.version += 1
             # At most once per progress_write_seconds after its last write; the first and a final one at once.
             last = entry.written_at

@@ -15,6 +15,7 @@ from typing import Any
 
 from kubetf.cluster.cache import Key, Store
 from kubetf.cluster.kube import RateLimiter
+from kubetf.core import goodput
 from kubetf.core.progress import identity
 from kubetf.core.progress.protocol import PATH, ReportError, parse_report
 from kubetf.runtime.progress.auth import Authenticator
@@ -107,5 +108,6 @@ class ProgressEndpoint:
             except Exception as error:
                 log.warning("%s/%s: could not read status.progress (%s)", *ticket.key, error)
                 return Answer(503, "could not read the job's progress now: retry")
-        book.report(ticket.key, ticket.uid, stored, report, ticket.role, ticket.index, ticket.coordinator)
+        book.report(ticket.key, ticket.uid, stored, report, ticket.role, ticket.index, ticket.coordinator,
+                    goodput.run_began(cached))  # fmt: skip
         return Answer(204)
