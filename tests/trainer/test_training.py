@@ -104,7 +104,8 @@ def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run, tmp_path
     assert run.records("done", "chief-0")
     # the evaluator stopped by itself after the last checkpoint; ps and workers were stopped by kubetf local
     assert any("evaluator-0 succeeded" in line for line in run.lines)
-    assert not any(r["role"] in ("worker", "ps") for r in run.records())
+    assert not any(r["role"] in ("worker", "ps") for r in run.records() if r["kubetf"] != "phase")
+    assert [r["phase"] for r in run.records("phase", "ps-0")] == ["started", "imported", "serving"]
 
     # Reports to the operator (every task has its variables, as in pods): the chief, ParameterServerStrategy's
     # coordinator, reports its fit's epoch ends (batch-level logs are not known yet under ParameterServerStrategy);
