@@ -2,11 +2,12 @@
 
 Python imports this module at start (it is on PYTHONPATH=/opt/kubetf). In a task of a job (TF_CONFIG or KUBETF_ROLE
 set) it says when the process started and when TensorFlow's import ended (``kubetf_trainer.phases``; KUBETF_PHASES=0
-turns that off). When the operator set KUBETF_PROGRESS_URL, on the task that coordinates training, it adds a
-reporting callback to every Keras ``Model.fit`` and recognises the TensorFlow guides' printed progress lines
-(``kubetf_trainer.autoreport``; KUBETF_PROGRESS_AUTO=0 turns it off; see trainer_image/README.md). It imports no
-TensorFlow, and any error in it leaves the program running as it would without it. A ``sitecustomize`` further
-along sys.path still runs.
+turns that off); in a MultiWorkerMirrored task with a checkpoint volume it leaves a token of the process there, by
+which the group's chief sees at once that this task restarted (``kubetf_trainer.peers``). When the operator set
+KUBETF_PROGRESS_URL, on the task that coordinates training, it adds a reporting callback to every Keras
+``Model.fit`` and recognises the TensorFlow guides' printed progress lines (``kubetf_trainer.autoreport``;
+KUBETF_PROGRESS_AUTO=0 turns it off; see trainer_image/README.md). It imports no TensorFlow, and any error in it
+leaves the program running as it would without it. A ``sitecustomize`` further along sys.path still runs.
 """
 
 
@@ -35,6 +36,19 @@ def _kubetf_phases() -> None:
         phases = _kubetf("phases")
         if phases is not None:
             phases.install()
+    except Exception:
+        pass
+
+
+def _kubetf_peers() -> None:
+    import os
+
+    if os.environ.get("KUBETF_STRATEGY") != "MultiWorkerMirrored" or not os.environ.get("KUBETF_CHECKPOINT_DIR"):
+        return
+    try:
+        peers = _kubetf("peers")
+        if peers is not None:
+            peers.announce()
     except Exception:
         pass
 
@@ -73,5 +87,6 @@ def _next_sitecustomize() -> None:
 
 
 _kubetf_phases()
+_kubetf_peers()
 _kubetf_progress()
 _next_sitecustomize()

@@ -197,6 +197,13 @@ class TensorBoard(tf.keras.callbacks.TensorBoard):
         kwargs.setdefault("profile_batch", 0)
         super().__init__(log_dir=log_dir or self.info.tensorboard_dir, **kwargs)
 
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        # On disk now, not at the writers' next flush (2 minutes, or at teardown): a process that fails ends without
+        # TensorFlow's teardown (kubetf_trainer.peers), and one killed has none.
+        for writer in getattr(self, "_writers", {}).values():
+            writer.flush()
+
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_end(logs)
         if self._scratch:

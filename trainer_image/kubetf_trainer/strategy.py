@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any, NoReturn
 
-from . import phases
+from . import peers, phases
 from .env import TaskInfo, task_info
 from .signals import exit_on_sigterm, reinstall_sigterm_handler
 
@@ -86,6 +86,10 @@ def make_strategy(
     began = time.time()
     strategy = _make(tf, kind, info, variable_partitioner, cpu_replicas)
     phases.mark(phases.CLUSTER, info, seconds=round(time.time() - began, 3))
+    # A failure ends this process at once, and a MultiWorkerMirrored group with it (see kubetf_trainer.peers).
+    peers.fail_fast(tell_peers=kind == "MultiWorkerMirrored")
+    if kind == "MultiWorkerMirrored":
+        peers.watch(info)
     return strategy
 
 
@@ -97,6 +101,7 @@ def _make(tf: Any, kind: str, info: TaskInfo, variable_partitioner: Any, cpu_rep
             else tf.distribute.experimental.CommunicationImplementation.RING
         )
         options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
+        peers.configure(tf, info)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         reinstall_sigterm_handler()  # exit 143 until BackupAndRestore's PreemptionCheckpointHandler takes over
         return strategy
