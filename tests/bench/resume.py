@@ -1,15 +1,17 @@
 """How fast training resumes after a restart, on real TensorFlow in pods on the local node: prints numbers, asserts
 nothing.
 
-    python -m tests.bench.resume [--pairs 3] [--rounds 1] [--causes failure,deleted,evicted,group]
-                                 [--strategies mwms,ps] [--without byhand,kubeflow]
+    python -m tests.bench.resume [--pairs 3] [--no-default-backoff] [--rounds 1] [--strategies mwms,ps]
+                                 [--causes failure,deleted,evicted,group] [--without byhand,kubeflow]
 
 The trainer image's samples, small (10 steps an epoch, 100 m of CPU asked, 1 CPU at most a pod, no evaluator):
 MultiWorkerMirrored (`mnist_mwms.py`, 2 workers) and ParameterServer (`ps_training.py`, chief + 2 workers + 1 ps).
 For each restart cause, the time from the cause to the first training step after the restore, split into phases:
 
-- failure: the program fails after epoch 2 (`--fail-after-epoch`: MWMS worker-1, the ParameterServer chief),
-  restarted in place and recreated (`restartInPlace: false`), alternated, `--pairs` times;
+- failure: the program fails after epoch 2 (`--fail-after-epoch`: MWMS worker-1, the ParameterServer chief; it
+  crashes: `os._exit(1)`), restarted in place, and recreated (`restartInPlace: false`) with `backoffSeconds: 0` (its
+  first restart at once, as the kubelet's in place) and with its default 10 s (`--no-default-backoff`: not),
+  alternated, `--pairs` times;
 - deleted: a worker pod deleted (its grace period: the trainer saves and exits on SIGTERM); recreated;
 - evicted: a worker pod evicted (the Eviction API, its grace period); recreated;
 - group: the operator's own group restart. MultiWorkerMirrored: the other worker, which the operator restarts
@@ -85,6 +87,14 @@ RESUME_TIMEOUT = 240.0
 PHASES = ("noticed", "gone", "created", "started", "imported", "cluster", "restored", "first_step")
 HEADERS = ("noticed", "gone", "created", "started", "imported", "cluster", "restored", "first step")
 CAUSES = ("failure", "deleted", "evicted", "group")
+# How a TrainingJob's failures restart: (job name part, its runPolicy). Recreating after a failure waits
+# backoffSeconds (10 s unless set), where the kubelet restarts a container at once the first time: `recreated` sets
+# 0, comparing the two ways themselves; `recreated 10s` is what a user gets without setting it.
+WAYS = {
+    "in place": ("inplace", {}),
+    "recreated": ("recreate", {"restartInPlace": False, "backoffSeconds": 0}),
+    "recreated 10s": ("recreate10", {"restartInPlace": False}),
+}
 DID_NOT = "did not"  # a row's note when the job never got to its cause or never resumed from it
 
 
@@ -589,7 +599,10 @@ class OnCluster(Target):
 def _condition(status: dict[str, Any]) -> str:
     """A TFJob's latest condition."""
     conditions = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
-    return f"{conditions[-1]['type']} ({conditions[-1].get('reason', '')})" if conditions else "?"
+    if not conditions:
+        return "?"
+    last = conditions[-1]
+    return f"{last['type']} ({last.get('reason', '')}: {str(last.get('message', ''))[:200]})"
 
 
 class ByHand(Target):
@@ -800,20 +813,13 @@ class Bench:
         self.jobs += 1
         return f"{prefix}-{self.jobs}"
 
-    def kubetf(self, strategy: str, in_place: bool) -> Callable[[list[str]], Target]:
+    def kubetf(self, strategy: str, way: str) -> Callable[[list[str]], Target]:
+        """A TrainingJob whose failures restart as `way` says (WAYS); a disruption recreates pods whatever it says."""
+
         def start(extra: list[str]) -> Target:
-            name = self.name(f"{strategy}-{'inplace' if in_place else 'recreate'}")
-            # Recreating after a failure waits backoffSeconds (10 s by default) where the kubelet restarts a
-            # container at once the first time: 0 compares the two ways themselves.
-            run_policy = {} if in_place else {"restartInPlace": False, "backoffSeconds": 0}
-            self.cluster.create_job(self.namespace, name, STRATEGIES[strategy].spec(extra, **run_policy))
-            return OnCluster(
-                self,
-                name,
-                (kapi.GROUP, kapi.VERSION, kapi.PLURAL),
-                kapi.LABEL_JOB,
-                "in place" if in_place else "recreated",
-            )
+            name = self.name(f"{strategy}-{WAYS[way][0]}")
+            self.cluster.create_job(self.namespace, name, STRATEGIES[strategy].spec(extra, **WAYS[way][1]))
+            return OnCluster(self, name, (kapi.GROUP, kapi.VERSION, kapi.PLURAL), kapi.LABEL_JOB, way)
 
         return start
 
@@ -924,7 +930,7 @@ def table(rows: list[Row], strategy: str) -> None:
     header = f"{'cause':<9} {'restart':<15}" + "".join(f"{h:>11}" for h in HEADERS) + f"{'step':>6}  longest phase"
     print(header)
     for cause in CAUSES:
-        for way in ("in place", "recreated", "by hand", "Kubeflow TFJob"):
+        for way in (*WAYS, "by hand", "Kubeflow TFJob"):
             found = [r for r in rows if r.strategy == strategy and r.cause == cause and r.way == way]
             if not found:
                 continue
@@ -936,23 +942,29 @@ def table(rows: list[Row], strategy: str) -> None:
 
 
 def ratio(rows: list[Row]) -> None:
-    """In place vs recreated, MultiWorkerMirrored program failure: the medians, and pair by pair."""
-    pairs = [(r.at.get("first_step"), r.way) for r in rows if r.strategy == "mwms" and r.cause == "failure"]
-    in_place = [t for t, way in pairs if way == "in place" and t is not None]
-    recreated = [t for t, way in pairs if way == "recreated" and t is not None]
-    if not in_place or not recreated:
+    """In place vs recreated, MultiWorkerMirrored program failure: the medians, and run by run (alternated)."""
+    found = {way: [r.at["first_step"] for r in rows if r.strategy == "mwms" and r.cause == "failure" and r.way == way
+                   and "first_step" in r.at] for way in WAYS}  # fmt: skip
+    if not found["in place"]:
         return
-    a, b = statistics.median(in_place), statistics.median(recreated)
-    each = ", ".join(f"{r / i:.2f}" for i, r in zip(in_place, recreated, strict=False))
-    print(
-        f"\nMultiWorkerMirrored program failure, cause to first step: in place {a:.2f}s, recreated {b:.2f}s: "
-        f"{b / a:.2f}x as fast in place (pair by pair: {each})"
-    )
+    a = statistics.median(found["in place"])
+    print(f"\nMultiWorkerMirrored program failure, cause to first step, in place: {a:.2f}s")
+    for way in ("recreated", "recreated 10s"):
+        if found[way]:
+            b = statistics.median(found[way])
+            each = ", ".join(f"{r / i:.2f}" for i, r in zip(found["in place"], found[way], strict=False))
+            print(f"  {way}: {b:.2f}s: in place {b / a:.2f}x as fast (run by run: {each})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=3, help="MWMS failures in place and recreated, alternated")
+    parser.add_argument("--pairs", type=int, default=3, help="failures in place and recreated, alternated")
+    parser.add_argument(
+        "--default-backoff",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="failures recreated with the default backoffSeconds (10 s) too",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="every other measurement, this many times")
     parser.add_argument("--causes", default=",".join(CAUSES), help="comma-separated: " + ", ".join(CAUSES))
     parser.add_argument("--strategies", default="mwms,ps", help="comma-separated: mwms, ps")
@@ -1001,18 +1013,13 @@ def main() -> None:
 
         for strategy in strategies:
             if "failure" in causes:
-                for pair in range(args.pairs):  # alternated: neither way always runs on the warmer node
-                    for in_place in (True, False) if pair % 2 == 0 else (False, True):
-                        way = "in place" if in_place else "recreated"
-                        run(
-                            f"{strategy} {way}, pair {pair + 1}",
-                            bench.kubetf(strategy, in_place),
-                            strategy,
-                            ["failure"],
-                        )
+                ways = [way for way in WAYS if way != "recreated 10s" or args.default_backoff]
+                for pair in range(args.pairs):  # alternated: no way always runs first, on the warmer node
+                    for way in ways[pair % len(ways) :] + ways[: pair % len(ways)]:
+                        run(f"{strategy} {way}, run {pair + 1}", bench.kubetf(strategy, way), strategy, ["failure"])
             others = [c for c in causes if c != "failure"]
             for round_ in range(args.rounds):
-                run(f"{strategy} kubetf, round {round_ + 1}", bench.kubetf(strategy, True), strategy, others)
+                run(f"{strategy} kubetf, round {round_ + 1}", bench.kubetf(strategy, "recreated"), strategy, others)
                 if "byhand" not in without:
                     mine = [c for c in causes if c != "evicted"]  # by hand, an eviction is a SIGTERM: `deleted`
                     run(f"{strategy} by hand, round {round_ + 1}", bench.by_hand(strategy), strategy, mine)
