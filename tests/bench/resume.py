@@ -68,6 +68,7 @@ from kubernetes.client.exceptions import ApiException
 from kubetf.cli.local import LocalJob
 from kubetf.core import api as kapi
 from tests.bench import kubeflow
+from tests.bench.common import cpu_by_process, machine_cpu
 from tests.cluster.fixture import ensure_cluster, wait_for
 from tests.integration.conftest import (
     AS_INSTALLED,
@@ -977,6 +978,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupted)  # as Ctrl-C: the cleanup runs
     bench = Bench(args)
     binary = kubeflow.build() if "kubeflow" not in without else None
+    machine, began = cpu_by_process(), time.monotonic()
     print(
         f"bench-resume {time.strftime('%Y-%m-%d %H:%M')}: causes {', '.join(causes)}; {args.pairs} pairs, "
         f"{args.rounds} round(s); cluster {bench.kubeconfig}; logs {bench.logs}",
@@ -1044,7 +1046,9 @@ def main() -> None:
     for strategy in strategies:
         table(rows, strategy)
     ratio(rows)
-    print(f"\nlogs: {bench.logs}")
+    # Absolute times move with the machine's load: what ran meanwhile (the programs are `python`, the pods' too).
+    print(f"\nthis machine: {machine_cpu(machine, cpu_by_process(), time.monotonic() - began, {os.getpid(): 'bench'})}")
+    print(f"logs: {bench.logs}")
 
 
 def _interrupted(signum: int, frame: Any) -> None:
