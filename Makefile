@@ -30,7 +30,7 @@ HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 .PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster test-trainer-beside-alone \
 	test-unit-beside-lint-kueue test-k8s-1.35 test-k8s-1.36 test-cluster-staged \
 	cluster cluster-down images install \
-	demo demo-kueue bench bench-scale bench-compare bench-call-cost bench-kueue bench-kueue-scale bench-progress
+	demo demo-kueue bench bench-scale bench-compare bench-call-cost bench-kueue bench-kueue-scale bench-progress bench-resume
 help:
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -266,3 +266,7 @@ bench-compare: venv tools ## kubetf vs Kubeflow's training-operator vs the raw A
 
 bench-call-cost: venv ## the API server's CPU per call a new job makes, and the burst ratio it allows
 	$(PY) -m tests.bench.call_cost $(ARGS)
+
+# The trainer image first: the bench's pods must run this checkout's trainer (its phase lines, --fail-after-epoch).
+bench-resume: venv tools images ## real TensorFlow: cause of a restart -> first step, by phase; in place, recreated, by hand, Kubeflow
+	$(PY) -m tests.bench.resume $(ARGS)

@@ -99,16 +99,24 @@ def test_digits_are_in_mnist_layout():
     assert set(np.unique(y_train)) == set(range(10))
 
 
-def test_auto_data_falls_back_in_one_line_when_mnist_cannot_be_had(tmp_path, capsys, monkeypatch):
+def test_auto_data_falls_back_in_one_line_when_mnist_cannot_be_had_and_keeps_to_it(tmp_path, capsys, monkeypatch):
+    asked = []
+
     def unavailable(cache_dir, timeout=20.0):
+        asked.append(cache_dir)
         print("Downloading data from https://example.invalid/mnist.npz")
         raise OSError("URL fetch failure: offline")
 
     monkeypatch.setattr(data, "mnist", unavailable)
-    (x_train, _), _ = data.load("auto", cache_dir=str(tmp_path))
+    (x_train, y_train), _ = data.load("auto", cache_dir=str(tmp_path))
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "MNIST not available" in out[0] and "digits" in out[0]
     assert x_train.shape[1:] == (28, 28)
+    # The job's next start (a restart): the same data, MNIST not asked for again
+    (again, labels), _ = data.load("auto", cache_dir=str(tmp_path))
+    assert len(asked) == 1 and (again == x_train).all() and (labels == y_train).all()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "digits, as this job began with" in out[0]
 
 
 def test_local_command_mapping_and_checkpoint_dir(tmp_path):

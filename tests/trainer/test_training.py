@@ -56,7 +56,14 @@ def test_mwms_two_workers_train_loss_falls_and_the_chief_reports_progress(local_
     assert os.path.isfile(os.path.join(done[0]["model_path"], "saved_model.pb"))
     assert "job succeeded (failures 0, disruptions 0)" in run.lines[-1]
     # The JSON lines `kubetf submit` reads are as they were without reports
-    assert [r["kubetf"] for r in run.records(label="worker-0")] == ["start", "progress", "progress", "progress", "done"]
+    kinds = [r["kubetf"] for r in run.records(label="worker-0") if r["kubetf"] != "phase"]
+    assert kinds == ["start", "progress", "progress", "progress", "done"]
+    # ... and each process said its phases once, in order (kubetf_trainer.phases)
+    for label in ("worker-0", "worker-1"):
+        said = run.records("phase", label)
+        assert [p["phase"] for p in said] == ["started", "imported", "cluster", "restored", "first_step"], said
+        assert [p["time"] for p in said] == sorted(p["time"] for p in said)
+        assert said[3]["step"] == 0 and said[4]["step"] == 1  # nothing to restore: from the first step
 
     # The library's callback reports to the operator from the chief (worker 0) alone: one run, one final report
     # (a new epoch goes out at once, unless a POST is in flight: then the newest state wins, an epoch end may be
@@ -97,7 +104,8 @@ def test_ps_job_trains_and_evaluator_reports_each_checkpoint(local_run, tmp_path
     assert run.records("done", "chief-0")
     # the evaluator stopped by itself after the last checkpoint; ps and workers were stopped by kubetf local
     assert any("evaluator-0 succeeded" in line for line in run.lines)
-    assert not any(r["role"] in ("worker", "ps") for r in run.records())
+    assert not any(r["role"] in ("worker", "ps") for r in run.records() if r["kubetf"] != "phase")
+    assert [r["phase"] for r in run.records("phase", "ps-0")] == ["started", "imported", "serving"]
 
     # Reports to the operator (every task has its variables, as in pods): the chief, ParameterServerStrategy's
     # coordinator, reports its fit's epoch ends (batch-level logs are not known yet under ParameterServerStrategy);
@@ -160,6 +168,9 @@ def test_mwms_worker_sigtermed_saves_then_one_killed_resumes_from_the_backup_the
     assert any("exit code 42" in line and "Disrupted" in line for line in before)
     assert any("restarting worker-0, worker-1" in line for line in before)  # MWMS: the whole group
     # ... and the restarted group resumed from that checkpoint: same epoch, and only the rest of it
+    restored, stepped = (run.records("phase", "worker-0", first)[i] for i in (3, 4))
+    assert (restored["phase"], restored["step"]) == ("restored", saved["step"])
+    assert (stepped["phase"], stepped["step"]) == ("first_step", saved["step"] + 1)
     start = run.records("start", "worker-0", first)
     assert [s["initial_epoch"] for s in start] == [saved["epoch"]]
     done_before_kill = max(_epochs(run.records("progress", "worker-0", first)))

@@ -84,7 +84,9 @@ def main(argv=None) -> int:
         epochs=args.epochs,
         steps_per_epoch=args.steps_per_epoch,
         verbose=0,
-        callbacks=kt.standard_callbacks(info, backup_freq=kargs.backup_freq(args.backup_freq)),
+        callbacks=kt.standard_callbacks(
+            info, backup_freq=kargs.backup_freq(args.backup_freq), fail_after_epoch=args.fail_after_epoch
+        ),
     )
     kt.finish(model, info, epochs=args.epochs, history=history)
     return 0

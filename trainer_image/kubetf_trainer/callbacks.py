@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf
 
-from . import fence, report
+from . import fence, phases, report
 from .env import TaskInfo, clear_backup_scratch, task_info
 from .keras_report import ReportingMixin
 from .progress import emit
@@ -48,6 +49,8 @@ class Progress(ReportingMixin, tf.keras.callbacks.Callback):
         self.initial_epoch: int | None = None
         self.last_logs: dict[str, Any] = {}
         self._epoch_start = 0.0
+        self._epoch = 0
+        self._first_step_said = False
         # Batch logs stay tensors: read only when a report is due (and accepted under ParameterServerStrategy).
         self._supports_tf_logs = True
         self._kt_reset()
@@ -81,11 +84,31 @@ class Progress(ReportingMixin, tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.started:
             self._start(epoch)
+        self._epoch = epoch
         self._epoch_start = time.monotonic()
         self._kt_epoch_begin(epoch)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self._first_step_said:
+            self._first_step_said = True
+            self._first_step(self._epoch * self._steps() + batch + 1, logs)  # batch: its 0-based index
         self._kt_batch_end(batch, logs)
+
+    def _first_step(self, step: int, logs: Any) -> None:
+        """Say the run's first step done (``phases.FIRST_STEP``). Under ParameterServerStrategy ``fit`` only
+        scheduled it on a worker: a thread waits for its result, so that training is not held meanwhile."""
+        remote = [v for v in tf.nest.flatten(logs) if hasattr(v, "fetch")]
+        if not remote:
+            phases.mark(phases.FIRST_STEP, self.info, step=step)
+            return
+
+        def when_done() -> None:
+            with contextlib.suppress(Exception):  # a step that failed says nothing
+                for value in remote:
+                    value.fetch()
+                phases.mark(phases.FIRST_STEP, self.info, step=step)
+
+        threading.Thread(target=when_done, name="kubetf-first-step", daemon=True).start()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         full = dict(logs or {})
@@ -150,7 +173,7 @@ class Fail(tf.keras.callbacks.Callback):
             return
         with open(self.marker, "w") as out:
             out.write(f"{time.time()}\n")
-        emit("failing", self.info, epoch=self.after_epoch)
+        emit("failing", self.info, epoch=self.after_epoch, time=round(time.time(), 3))
         sys.stdout.flush()
         os._exit(1)  # as a crash: no teardown, the peers' collectives fail
 
@@ -175,6 +198,13 @@ class TensorBoard(tf.keras.callbacks.TensorBoard):
             log_dir = self._scratch
         kwargs.setdefault("profile_batch", 0)
         super().__init__(log_dir=log_dir or self.info.tensorboard_dir, **kwargs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        # On disk now, not at the writers' next flush (2 minutes, or at teardown): a process that fails ends without
+        # TensorFlow's teardown (kubetf_trainer.peers), and one killed has none.
+        for writer in getattr(self, "_writers", {}).values():
+            writer.flush()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_end(logs)
@@ -231,6 +261,23 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         fence.claim()  # before restoring: what another run still writes is not read
+        began = time.time()
+        self._restore(logs)
+        phases.mark(phases.RESTORED, self.info, seconds=round(time.time() - began, 3), step=self._restored_step())
+
+    def _restored_step(self) -> int | None:
+        """The global steps the restored backup holds (0: none; None: unknown)."""
+        try:
+            state = self._training_state
+            epoch, batch = int(state._ckpt_saved_epoch.numpy()), int(state._ckpt_saved_batch.numpy())
+        except Exception:
+            return None
+        steps = int((self.params or {}).get("steps") or 0)
+        if epoch < 0:
+            return 0
+        return epoch * steps + batch + 1 if batch >= 0 else (epoch + 1) * steps  # batch -1: saved at the epoch's end
+
+    def _restore(self, logs: dict[str, Any] | None) -> None:
         strategy = self.model.distribute_strategy
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and not strategy.extended.should_checkpoint:
             # A scratch directory left by a killed run must not be restored from (see clear_backup_scratch).

@@ -6,7 +6,7 @@ import contextlib
 import json
 import math
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from .env import TaskInfo, task_info
 
@@ -29,11 +29,13 @@ def _clean(value: Any) -> Any:
         return str(value)
 
 
-def emit(kind: str, info: TaskInfo | None = None, **fields: Any) -> dict[str, Any]:
-    """Print ``{"kubetf": kind, "role": ..., "index": ..., **fields}`` as one line and return it."""
+def emit(kind: str, info: TaskInfo | None = None, *, out: TextIO | None = None, **fields: Any) -> dict[str, Any]:
+    """Print ``{"kubetf": kind, "role": ..., "index": ..., **fields}`` as one line (to ``out``, default
+    ``sys.stdout``) and return it."""
     info = info or task_info()
     record: dict[str, Any] = {"kubetf": kind, "role": info.role, "index": info.index}
     record.update({k: _clean(v) for k, v in fields.items()})
-    sys.stdout.write(json.dumps(record, sort_keys=False) + "\n")
-    sys.stdout.flush()
+    stream = out or sys.stdout
+    stream.write(json.dumps(record, sort_keys=False) + "\n")
+    stream.flush()
     return record

@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any, NoReturn
 
+from . import peers, phases
 from .env import TaskInfo, task_info
 from .signals import exit_on_sigterm, reinstall_sigterm_handler
 
@@ -49,6 +50,7 @@ def run_server(info: TaskInfo | None = None) -> NoReturn:
         start=True,
     )
     exit_on_sigterm()  # before saying it serves: whoever reads that line may stop it right away
+    phases.mark(phases.SERVING, info)
     print(f"kubetf_trainer: {info.role} {info.index} serving on {server.target}", flush=True)
     # The server runs on its own threads. Sleep in Python rather than in server.join(), so that the
     # SIGTERM handler can run (a signal handler never runs while the main thread waits inside C++).
@@ -81,6 +83,17 @@ def make_strategy(
         log.warning("kubetf_trainer: job strategy is %s but this program uses %s", info.strategy, kind)
     if info.is_evaluator or kind == "Independent":
         return tf.distribute.get_strategy()
+    began = time.time()
+    strategy = _make(tf, kind, info, variable_partitioner, cpu_replicas)
+    phases.mark(phases.CLUSTER, info, seconds=round(time.time() - began, 3))
+    # A failure ends this process at once, and a MultiWorkerMirrored group with it (see kubetf_trainer.peers).
+    peers.fail_fast(tell_peers=kind == "MultiWorkerMirrored")
+    if kind == "MultiWorkerMirrored":
+        peers.watch(info)
+    return strategy
+
+
+def _make(tf: Any, kind: str, info: TaskInfo, variable_partitioner: Any, cpu_replicas: int) -> Any:
     if kind == "MultiWorkerMirrored":
         impl = (
             tf.distribute.experimental.CommunicationImplementation.NCCL
@@ -88,6 +101,7 @@ def make_strategy(
             else tf.distribute.experimental.CommunicationImplementation.RING
         )
         options = tf.distribute.experimental.CommunicationOptions(implementation=impl)
+        peers.configure(tf, info)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         reinstall_sigterm_handler()  # exit 143 until BackupAndRestore's PreemptionCheckpointHandler takes over
         return strategy

@@ -37,6 +37,26 @@ def progress_line(line: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+# The trainer's phase lines (kubetf_trainer.phases) in words.
+PHASES = {
+    "started": "process started",
+    "imported": "TensorFlow imported",
+    "cluster": "cluster formed",
+    "serving": "serving",
+    "restored": "checkpoint restored",
+    "first_step": "first training step done",
+}
+
+
+def _describe_phase(record: dict[str, Any]) -> str:
+    text = PHASES.get(str(record.get("phase")), str(record.get("phase")))
+    if record.get("step") is not None:
+        text += f" at step {record['step']}"
+    if record.get("seconds") is not None:
+        text += f" ({_num(record['seconds'])}s)"
+    return text
+
+
 def describe_progress(record: dict[str, Any]) -> str:
     kind = record.get("kubetf")
     who = f"{record.get('role', '?')}-{record.get('index', '?')}"
@@ -50,6 +70,8 @@ def describe_progress(record: dict[str, Any]) -> str:
         return f"{bar} epoch {record.get('epoch')}/{epochs or '?'} loss={_num(record.get('loss'))} {metrics}".strip()
     if kind == "done":
         return f"{who} finished; model at {record.get('model_path', '?')}"
+    if kind == "phase":
+        return f"{who} {_describe_phase(record)}"
     if kind == "eval":
         metrics = " ".join(f"{k}={_num(v)}" for k, v in (record.get("metrics") or {}).items())
         return f"evaluator: {record.get('checkpoint', '?')} loss={_num(record.get('loss'))} {metrics}".strip()
