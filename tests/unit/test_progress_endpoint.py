@@ -12,8 +12,9 @@ from kubetf.cluster.kube import RateLimiter
 from kubetf.core import builders
 from kubetf.core.progress import identity, merge, protocol
 from kubetf.core.progress.health import UNHEALTHY
+from kubetf.runtime.progress.auth import Authenticator
 from kubetf.runtime.progress.endpoint import ProgressEndpoint
-from kubetf.runtime.server import Answer, Head
+from kubetf.runtime.server import Answer, Head, Slow
 
 from .test_controller import T0, Shell, _ended, mwms
 
@@ -29,6 +30,11 @@ def jwt(claims: dict) -> str:
         return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
 
     return f"{part({'alg': 'RS256'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+def done(outcome):
+    """What the server makes of `admit`'s or `accept`'s outcome: slow work run (on its pool)."""
+    return outcome.work() if isinstance(outcome, Slow) else outcome
 
 
 class Reporting:
@@ -75,8 +81,8 @@ class Reporting:
         """What the server does with a request: the head first, then the body."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        ticket = self.endpoint.admit(Head("POST", path, headers, len(raw)))
-        answer = ticket if isinstance(ticket, Answer) else self.endpoint.accept(ticket, raw)
+        ticket = done(self.endpoint.admit(Head("POST", path, headers, len(raw))))
+        answer = ticket if isinstance(ticket, Answer) else done(self.endpoint.accept(ticket, raw))
         return answer.status, answer.error
 
     def write(self) -> int:
@@ -449,3 +455,37 @@ def test_pods_get_the_url_and_a_token_for_the_endpoint_only():
     assert "KUBETF_PROGRESS_URL" not in {
         e["name"] for e in quiet.api.pods["mnist-worker-0"]["spec"]["containers"][0]["env"]
     }
+
+
+# ---------------------------------------------------------------------- fair shares of the reviews
+
+
+def test_a_namespace_forging_tokens_spends_its_own_share_of_the_reviews_not_another_namespaces():
+    pods = {"uid-attacker": "team-evil", "uid-victim": "team-a"}
+    valid = set()
+
+    def review(token: str) -> dict:
+        if token not in valid:
+            return {"authenticated": False}
+        return {
+            "authenticated": True,
+            "audiences": [identity.AUDIENCE],
+            "user": {"username": "system:serviceaccount:team-a:default",
+                     "extra": {identity.POD_NAME_EXTRA: ["mnist-chief-0"], identity.POD_UID_EXTRA: ["uid-victim"]}},
+        }  # fmt: skip
+
+    auth = Authenticator(review, RateLimiter(50, 100), pods.get, lambda: RateLimiter(0.001, 3), clock=lambda: T0)
+
+    def token(uid: str, n: int) -> str:
+        return jwt({"aud": [identity.AUDIENCE], "exp": T0 + 600, "kubernetes.io": {"pod": {"uid": uid}}, "n": n})
+
+    forged = [done(auth.authenticate(f"Bearer {token('uid-attacker', n)}")) for n in range(10)]
+    assert [a.status for a in forged] == [401] * 3 + [429] * 7  # its namespace's burst, then retry
+    assert "namespace team-evil" in forged[-1].error
+    victims = token("uid-victim", 0)
+    valid.add(victims)
+    first = auth.authenticate(f"Bearer {victims}")
+    assert isinstance(first, Slow)  # a new token: reviewed (on the port's slow pool), within team-a's own share
+    assert done(first).uid == "uid-victim"
+    again = auth.authenticate(f"Bearer {victims}")
+    assert not isinstance(again, Slow) and again.uid == "uid-victim"  # heard before: no review, no waiting

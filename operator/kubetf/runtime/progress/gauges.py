@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from kubetf.cluster.cache import Key
 from kubetf.core.progress.protocol import MAX_METRICS, number
+from kubetf.runtime.pages import checkpoint
 
 JOB = ["namespace", "job"]
 
@@ -50,7 +51,9 @@ class _JobsCollector(Collector):
         with self.lock:
             jobs = [(key, v.progress, v.rate, list(v.metrics.items()), v.unhealthy) for key, v in self.jobs.items()]
         progress, rate, metric, health = _families()
-        for (namespace, job), ratio, steps, values, unhealthy in jobs:
+        for n, ((namespace, job), ratio, steps, values, unhealthy) in enumerate(jobs):
+            if n % 1000 == 999:
+                checkpoint()  # a /metrics page nobody waits for any more stops here (kubetf.runtime.pages)
             if ratio is not None:
                 progress.add_metric([namespace, job], ratio)
             if steps is not None:
