@@ -8,11 +8,10 @@ import json
 import pytest
 from prometheus_client import REGISTRY
 
-from kubetf.cluster.kube import RateLimiter
 from kubetf.core import builders
 from kubetf.core.progress import identity, merge, protocol
 from kubetf.core.progress.health import UNHEALTHY
-from kubetf.runtime.progress.auth import Authenticator
+from kubetf.runtime.progress.auth import Authenticator, Budget
 from kubetf.runtime.progress.endpoint import ProgressEndpoint
 from kubetf.runtime.server import Answer, Head, Slow
 
@@ -58,7 +57,7 @@ class Reporting:
         self.endpoint = ProgressEndpoint(
             lambda token: api.review_token(token, identity.AUDIENCE),
             read_progress,
-            RateLimiter(*budget),
+            Budget(*budget),
             clock=lambda: self.shell.now,
         )
         self.leader = True
@@ -474,14 +473,17 @@ def test_a_namespace_forging_tokens_spends_its_own_share_of_the_reviews_not_anot
                      "extra": {identity.POD_NAME_EXTRA: ["mnist-chief-0"], identity.POD_UID_EXTRA: ["uid-victim"]}},
         }  # fmt: skip
 
-    auth = Authenticator(review, RateLimiter(50, 100), pods.get, lambda: RateLimiter(0.001, 3), clock=lambda: T0)
+    now = [0.0]
+    budget = Budget(10, 20, clock=lambda: now[0])  # the endpoint's: 10 reviews a second, 20 at once
+    auth = Authenticator(review, budget, pods.get, lambda: Budget(1, 3, clock=lambda: now[0]), clock=lambda: T0)
 
     def token(uid: str, n: int) -> str:
         return jwt({"aud": [identity.AUDIENCE], "exp": T0 + 600, "kubernetes.io": {"pod": {"uid": uid}}, "n": n})
 
-    forged = [done(auth.authenticate(f"Bearer {token('uid-attacker', n)}")) for n in range(10)]
-    assert [a.status for a in forged] == [401] * 3 + [429] * 7  # its namespace's burst, then retry
-    assert "namespace team-evil" in forged[-1].error
+    forged = [done(auth.authenticate(f"Bearer {token('uid-attacker', n)}")) for n in range(40)]
+    # its own share (3), then the budget down to half its burst (7 more): the rest is kept for the others
+    assert [a.status for a in forged] == [401] * 10 + [429] * 30
+    assert "namespace team-evil has used its share" in forged[-1].error
     victims = token("uid-victim", 0)
     valid.add(victims)
     first = auth.authenticate(f"Bearer {victims}")
@@ -489,3 +491,6 @@ def test_a_namespace_forging_tokens_spends_its_own_share_of_the_reviews_not_anot
     assert done(first).uid == "uid-victim"
     again = auth.authenticate(f"Bearer {victims}")
     assert not isinstance(again, Slow) and again.uid == "uid-victim"  # heard before: no review, no waiting
+    now[0] += 1.0  # a second on: the attacker again takes only what goes past half the burst
+    later = [done(auth.authenticate(f"Bearer {token('uid-attacker', n)}")).status for n in range(40, 60)]
+    assert later.count(401) <= 10

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 import kopf
 
 from kubetf.cluster.cache import Key
-from kubetf.cluster.kube import Kube, RateLimiter
+from kubetf.cluster.kube import Kube
 from kubetf.cluster.leader import LeaderElector
 from kubetf.cluster.workqueue import WorkQueue
 from kubetf.core.config import DEFAULT_LEASE_NAMESPACE, OperatorConfig
@@ -32,6 +32,7 @@ from kubetf.runtime import handlers
 from kubetf.runtime.controller import Controller
 from kubetf.runtime.heap import ShortFullCollections
 from kubetf.runtime.pages import SharedPages
+from kubetf.runtime.progress.auth import Budget
 from kubetf.runtime.progress.endpoint import ProgressEndpoint
 from kubetf.runtime.server import Answer, Head, Limits, Server, Wait
 
@@ -133,8 +134,8 @@ def progress_endpoint(config: OperatorConfig) -> ProgressEndpoint:
     endpoint = ProgressEndpoint(
         lambda token: client.review_token(token, AUDIENCE),
         read_progress,
-        RateLimiter(config.progress_api_qps, config.progress_api_burst),
-        lambda: RateLimiter(config.progress_api_namespace_qps, config.progress_api_namespace_burst),
+        Budget(config.progress_api_qps, config.progress_api_burst),
+        lambda: Budget(config.progress_api_namespace_qps, config.progress_api_namespace_burst),
     )
     if config.progress_port:
         limits = dataclasses.replace(

@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import socket
+import struct
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -247,7 +248,7 @@ class Server:
                 self._spawn(loop, self._refuse(sock, peer, refusal))
             else:
                 metrics.CLOSED.labels(port=self.name, reason="unanswered").inc()
-                sock.close()
+                _abort(sock)
             # A connection already waiting is accepted without a pause: let the others run between two.
             await asyncio.sleep(0)
 
@@ -399,6 +400,7 @@ class Server:
                             await self._linger(sock)
         except TimeoutError:
             metrics.CLOSED.labels(port=self.name, reason="write timeout").inc()
+            _abort(sock)
         except OSError:
             pass  # the client went away: nothing more to say
 
@@ -411,3 +413,11 @@ class Server:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_WR)
         await self._until_gone(sock)
+
+
+def _abort(sock: socket.socket) -> None:
+    """Close with a reset: what the kernel still held to send (an answer the client never took) goes at once, rather
+    than for the minutes it would keep trying to deliver it."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()

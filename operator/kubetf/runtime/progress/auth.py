@@ -6,9 +6,12 @@ bound to a pod the operator runs): anything else is refused without asking the A
 A token seen before is answered from the cache: a valid one until it expires (at most an hour), a refused one for a
 minute, so a program with a stale token does not cost a review per request, and a reporter already heard never
 waits for a review again. A new token is reviewed on the endpoint's own client (never the reconcilers' rate
-limiter) within two budgets, token buckets that never wait (past either, 429 and retry): the endpoint's, and the
-namespace's of the pod the token claims (a claim read from the token, but its namespace from the operator's own
-cache of its pods): a tenant forging tokens for its own pods spends its own namespace's share, never another's.
+limiter), within the endpoint's budget (a token bucket that never waits: past it, 429 and retry), shared fairly
+between the namespaces of the pods the tokens claim (a claim read from the token, but its namespace from the
+operator's own cache of its pods): within its own share (`namespace_budget`) a namespace may take the budget's last
+token; past its share, only while half of the budget's burst stays for the others. A tenant forging tokens for its
+own pods takes at most what the others leave, never their share: they always find half a burst and the rate that
+refills it.
 The review itself is slow work (kubetf.runtime.server.Slow): it runs on the port's pool for it, never ahead of
 the reporters already heard. The caches are bounded.
 """
@@ -24,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kubetf.cluster import metrics
-from kubetf.cluster.kube import RateLimiter
 from kubetf.core.progress import identity
 from kubetf.core.progress.identity import Reporter
 from kubetf.runtime.server import Answer, Slow
@@ -38,24 +40,47 @@ VALID_FOR_AT_MOST = 3600.0
 REFUSED_FOR = 60.0
 
 
+class Budget:
+    """A token bucket that never waits (as client-go's QPS and burst, without the wait): `take(keep)` takes a token
+    only if `keep` more stay in it."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.qps, self.burst, self.clock = qps, burst, clock
+        self.tokens, self.at = float(burst), clock()
+        self.lock = threading.Lock()
+
+    def take(self, keep: float = 0.0) -> bool:
+        with self.lock:
+            now = self.clock()
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.qps)
+            self.at = now
+            if self.tokens < 1 + keep:
+                return False
+            self.tokens -= 1
+            return True
+
+    def try_acquire(self) -> bool:
+        return self.take()
+
+
 class Authenticator:
     def __init__(
         self,
         review: Callable[[str], dict[str, Any]],
-        budget: RateLimiter,
+        budget: Budget,
         pod_namespace: Callable[[str], str | None],
-        namespace_budget: Callable[[], RateLimiter] = lambda: RateLimiter(10.0, 20),
+        namespace_budget: Callable[[], Budget] = lambda: Budget(10.0, 20),
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`review`: a TokenReview's status for a token (on the endpoint's own client); `budget`: reviews allowed;
         `pod_namespace`: the namespace of one of the operator's pods by its uid (None: not one of them);
-        `namespace_budget`: a new namespace's own budget of reviews."""
+        `namespace_budget`: a namespace's own share of `budget`, made when it first needs one."""
         self.review, self.budget, self.pod_namespace, self.clock = review, budget, pod_namespace, clock
         self.namespace_budget = namespace_budget
         self.lock = threading.Lock()
         self.valid: OrderedDict[bytes, tuple[float, Reporter]] = OrderedDict()  # sha256 -> (until, pod)
         self.refused: OrderedDict[bytes, float] = OrderedDict()  # sha256 -> until, in that order (one lifetime)
-        self.namespaces: OrderedDict[str, RateLimiter] = OrderedDict()  # least recently used first
+        self.namespaces: OrderedDict[str, Budget] = OrderedDict()  # least recently used first
 
     def authenticate(self, authorization: str | None) -> Reporter | Answer | Slow:
         """The pod that sent the request, or the answer refusing it; or the review that will say (slow work)."""
@@ -78,17 +103,20 @@ class Authenticator:
             refused = self.refused.get(digest)
             if refused is not None and refused > now:
                 return _refused()
-            if not self._namespace_budget(namespace).try_acquire():
-                metrics.TOKEN_REVIEWS.labels(result="over budget").inc()
-                return Answer(
-                    429, f"too many new tokens from namespace {namespace} at once: retry in a second", retry_after=1
-                )
-        if not self.budget.try_acquire():
+            within_share = self._namespace_budget(namespace).take()
+        if not self.budget.take(keep=0 if within_share else self.budget.burst / 2):
             metrics.TOKEN_REVIEWS.labels(result="over budget").inc()
-            return Answer(429, "too many new tokens to review at once: retry in a second", retry_after=1)
+            if within_share:
+                return Answer(429, "too many new tokens to review at once: retry in a second", retry_after=1)
+            return Answer(
+                429,
+                f"namespace {namespace} has used its share of token reviews, the rest is kept for the other "
+                "namespaces: retry in a second",
+                retry_after=1,
+            )
         return Slow(lambda: self._review(token, digest, claims.expires))
 
-    def _namespace_budget(self, namespace: str) -> RateLimiter:
+    def _namespace_budget(self, namespace: str) -> Budget:
         """(Under the lock.) The least recently used go first: a forgotten budget starts full again, which takes
         more namespaces than the cluster is likely to have."""
         budget = self.namespaces.pop(namespace, None) or self.namespace_budget()

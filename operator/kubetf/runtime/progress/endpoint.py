@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubetf.cluster.cache import Key, Store
-from kubetf.cluster.kube import RateLimiter
 from kubetf.core.progress import identity
 from kubetf.core.progress.identity import Reporter
 from kubetf.core.progress.protocol import PATH, Report, ReportError, parse_report
-from kubetf.runtime.progress.auth import Authenticator
+from kubetf.runtime.progress.auth import Authenticator, Budget
 from kubetf.runtime.progress.book import ProgressBook
 from kubetf.runtime.server import Answer, Head, Slow
 
@@ -50,13 +49,14 @@ class ProgressEndpoint:
         self,
         review: Callable[[str], dict[str, Any]],
         read_progress: Callable[[Key, str], dict | None],
-        budget: RateLimiter,
-        namespace_budget: Callable[[], RateLimiter] = lambda: RateLimiter(10.0, 20),
+        budget: Budget,
+        namespace_budget: Callable[[], Budget] = lambda: Budget(10.0, 20),
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`review`: a TokenReview's status for a token; `read_progress(key, uid)`: that job's `status.progress` as
         the API server has it. Both on the endpoint's own client, within `budget`: what the endpoint may ask of the
-        API server, never the reconcilers' share; of it, a namespace's reviews within its own `namespace_budget`."""
+        API server, never the reconcilers' share, shared fairly between namespaces (`namespace_budget`: each one's
+        share, kubetf.runtime.progress.auth)."""
         self.read_progress, self.budget, self.clock = read_progress, budget, clock
         self.authenticator = Authenticator(review, budget, self._pod_namespace, namespace_budget, clock)
         self.peers_lock = threading.Lock()
