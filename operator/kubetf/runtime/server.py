@@ -204,14 +204,16 @@ class Server:
             self.ready.set()
             return
         self.ready.set()
-        accepting = loop.create_task(self._accept(listener))
+        loop.add_reader(listener, self._acceptable, loop, listener)
         try:
             loop.run_forever()
         finally:  # stopped: every connection closed, then the port
-            tasks = [accepting, *self.tasks]
+            loop.remove_reader(listener)
+            tasks = list(self.tasks)
             for task in tasks:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            if tasks:
+                loop.run_until_complete(asyncio.wait(tasks))
             listener.close()
             loop.close()
 
@@ -226,31 +228,36 @@ class Server:
 
     # ------------------------------------------------------------------ connections
 
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+    def _acceptable(self, loop: asyncio.AbstractEventLoop, listener: socket.socket) -> None:
+        """The listener has connections waiting: take them (as many as the backlog holds at most, then the others
+        run), each served, refused or dropped at once."""
+        for _ in range(self.limits.backlog):
             try:
-                sock, address = await loop.sock_accept(listener)
+                sock, address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError as error:  # out of file descriptors, say: the backlog holds the next ones meanwhile
                 log.warning("the %s port could not accept a connection: %s", self.name, error)
-                await asyncio.sleep(0.1)
-                continue
+                loop.remove_reader(listener)
+                loop.call_later(0.1, loop.add_reader, listener, self._acceptable, loop, listener)
+                return
+            self._take(loop, sock, str(address[0]))
+
+    def _take(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, peer: str) -> None:
+        refusal = self._refusal(peer)
+        if refusal is None:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = str(address[0])
-            refusal = self._refusal(peer)
-            if refusal is None:
-                self.connections.add(peer)
-                metrics.CONNECTIONS.labels(port=self.name).set(self.connections.total)
-                self._spawn(loop, self._serve(sock, peer, loop.time()))
-            elif self.refusals.total < self.limits.refusing and self.refusals.of(peer) < self.limits.refusing_per_peer:
-                self.refusals.add(peer)
-                self._spawn(loop, self._refuse(sock, peer, refusal))
-            else:
-                metrics.CLOSED.labels(port=self.name, reason="unanswered").inc()
-                _abort(sock)
-            # A connection already waiting is accepted without a pause: let the others run between two.
-            await asyncio.sleep(0)
+            self.connections.add(peer)
+            metrics.CONNECTIONS.labels(port=self.name).set(self.connections.total)
+            self._spawn(loop, self._serve(sock, peer, loop.time()))
+        elif self.refusals.total < self.limits.refusing and self.refusals.of(peer) < self.limits.refusing_per_peer:
+            sock.setblocking(False)
+            self.refusals.add(peer)
+            self._spawn(loop, self._refuse(sock, peer, refusal))
+        else:
+            metrics.CLOSED.labels(port=self.name, reason="unanswered").inc()
+            _abort(sock)
 
     def _refusal(self, peer: str) -> Answer | None:
         """Why a new connection from `peer` is refused now (None: it is served)."""
