@@ -220,16 +220,15 @@ def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goe
     assert replaced < 5.0, replaced
 
 
-def test_curl_sending_a_report_with_expect_100_continue_is_answered_204_at_once(
-    cluster, namespace, operator, tmp_path
-):
+def test_curl_sending_a_report_with_expect_100_continue_is_answered_204_at_once(cluster, namespace, operator, tmp_path):
     """A client that sends `Expect: 100-continue` (curl before 7.68 for any body over 1 KiB, and since then over 1 MiB
     or when told to, as here; other HTTP clients too) waits up to a second for the `100 Continue` before it sends the
     body: it gets one at once, and the body's deadline runs from the admission, not from the connection."""
     pods = running_job(cluster, namespace, "curl")
     token = token_for(cluster, namespace, pods["curl-chief-0"])
     big = tmp_path / "big.json"
-    big.write_text(json.dumps({"epoch": 1, "epochs": 4, "metrics": {f"validation_metric_{i}": i / 7 for i in range(32)}}))
+    metrics = {f"validation_metric_{i}": i / 7 for i in range(32)}
+    big.write_text(json.dumps({"epoch": 1, "epochs": 4, "metrics": metrics}))
     assert big.stat().st_size > 1024
     result = subprocess.run(
         ["curl", "-sS", "-v", "-o", "/dev/null", "-w", "%{http_code} %{time_total}",
