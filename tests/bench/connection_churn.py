@@ -1,15 +1,16 @@
 """Connection churn against the operator's HTTP server with its heap frozen as the operator's is: prints numbers,
 asserts nothing, needs no cluster.
 
-    python -m tests.bench.connection_churn [--held 1075] [--seconds 60] [--objects 60000]
+    python -m tests.bench.connection_churn [--held 1075] [--seconds 60] [--objects 60000] [--speak]
 
 A server process runs kubetf.runtime.server on a port answering every request 401 (as the progress port answers
 junk), with --objects long-lived objects (a cache's worth) and kubetf.runtime.heap's freezing started, as in the
-operator. A client process holds --held idle connections to it for --seconds, opening another as each is answered or
-closed (what a tenant's pod did to the leader in issue 49). Every 10 s: the server's RSS, the objects frozen, its
-full collections and the longest; at the end: the connections opened and what they met, the server's CPU per 1,000
-connections, and how many unreachable objects a complete collection then finds (what freezing would have kept) and
-how long it took.
+operator. A client process holds --held idle connections to it for --seconds, opening another as each is answered
+or closed (what a tenant's pod did to the leader in issue 49); with --speak each sends the start of a request at
+once (the kernel then hands it to the server at once, where one that only connects waits there a second first).
+Every 10 s: the server's RSS, the objects frozen, its full collections and the longest; at the end: the connections
+opened and what they met, the server's CPU per 1,000 connections, and how many unreachable objects a complete
+collection then finds (what freezing would have kept) and how long it took.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def serve(port_file: str, seconds: float, objects: int) -> None:
                       "rss_mib": round(rss_mib(), 1), "objects": len(ballast)}), flush=True)  # fmt: skip
 
 
-def churn(port: int, held: int, seconds: float) -> dict:
+def churn(port: int, held: int, seconds: float, speak: bool) -> dict:
     selector = selectors.DefaultSelector()
     counts: collections.Counter = collections.Counter()
     open_ = 0
@@ -74,11 +75,18 @@ def churn(port: int, held: int, seconds: float) -> dict:
             sock = socket.socket()
             sock.setblocking(False)
             sock.connect_ex(("127.0.0.1", port))
-            selector.register(sock, selectors.EVENT_READ)
+            selector.register(sock, selectors.EVENT_WRITE if speak else selectors.EVENT_READ)
             open_ += 1
             counts["opened"] += 1
-        for key, _ in selector.select(0.1):
+        for key, events in selector.select(0.1):
             sock = key.fileobj  # type: ignore[assignment]
+            if events & selectors.EVENT_WRITE:  # connected: the first bytes of a request, then nothing more
+                try:
+                    sock.send(b"POST /v1/progress HTTP/1.1\r\n")
+                    selector.modify(sock, selectors.EVENT_READ)
+                    continue
+                except OSError:
+                    pass
             try:
                 data = sock.recv(4096)
                 counts[data[9:12].decode() if data.startswith(b"HTTP/1.1 ") else "closed"] += 1
@@ -95,6 +103,9 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=1075, help="idle connections held at once (default 1075)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long (default 60)")
     parser.add_argument("--objects", type=int, default=60_000, help="the server's long-lived objects (default 60000)")
+    parser.add_argument(
+        "--speak", action="store_true", help="each connection sends the start of a request at once (not held back)"
+    )
     parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)  # the server process's own run
     args = parser.parse_args()
     if args.serve:
@@ -116,7 +127,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise SystemExit("the server did not start") from None
             time.sleep(0.05)
-    counts = churn(port, args.held, args.seconds)
+    counts = churn(port, args.held, args.seconds, args.speak)
     lines = [json.loads(line) for line in server.communicate(timeout=120)[0].splitlines() if line.strip()]
     for line in lines[:-1]:
         print(f"  t={line['seconds']:>3}s  RSS {line['rss_mib']:6.1f} MiB  frozen {line['frozen']:>8}  "

@@ -44,21 +44,25 @@ def slow_readers() -> dict:
     poller = select.poll()
     sent: dict[int, float] = {}
     sockets = {}
+    closed: dict[int, float] = {}
     refused = 0
     for _ in range(CONNECTIONS):
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's writes block
         try:
             sock.connect((TARGET, PORT))
-            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: kubetf\r\n\r\n")
         except OSError:
             refused += 1
             sock.close()
             continue
-        sent[sock.fileno()] = time.monotonic()
         sockets[sock.fileno()] = sock
+        sent[sock.fileno()] = time.monotonic()
+        try:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: kubetf\r\n\r\n")
+        except OSError:  # reset before the request went out: closed by the server at once
+            closed[sock.fileno()] = 0.0
+            continue
         poller.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)  # never POLLIN: nothing is read
-    closed: dict[int, float] = {}
     deadline = time.monotonic() + SECONDS
     while len(closed) < len(sockets) and time.monotonic() < deadline:
         for fd, _events in poller.poll(100):
