@@ -27,10 +27,10 @@ IS_LOCAL := $(if $(filter $(LOCAL_KUBECONFIG),$(TARGET_KUBECONFIG)),yes,)
 KUBECTL := kubectl --kubeconfig $(TARGET_KUBECONFIG)
 HELM := helm --kubeconfig $(TARGET_KUBECONFIG)
 
-.PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster test-trainer-beside-alone \
+.PHONY: help venv tools lint manifests test test-quick test-unit test-trainer test-integration test-e2e test-cluster test-trainer-beside-alone test-load \
 	test-unit-beside-lint-kueue test-k8s-1.35 test-k8s-1.36 test-cluster-staged \
 	cluster cluster-down images install \
-	demo demo-kueue bench bench-scale bench-compare bench-call-cost bench-kueue bench-kueue-scale bench-progress bench-resume
+	demo demo-kueue bench bench-scale bench-compare bench-call-cost bench-kueue bench-kueue-scale bench-progress bench-resume bench-churn
 help:
 	@grep -E '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
@@ -78,8 +78,9 @@ XDIST = $(call xdist,$(WORKERS))
 junit = --junitxml=$(RESULTS)/$(1).xml
 # The cluster tiers' runs, each written once: `make test`, test-quick, test-integration, test-e2e and test-k8s-1.35
 # all run these.
-integration_parallel = $(PYTEST) $(XDIST) -m "integration and not serial" tests/integration $(call junit,integration)
-integration_alone = $(PYTEST) -m "integration and serial" tests/integration $(call junit,integration-alone)
+integration_parallel = $(PYTEST) $(XDIST) -m "integration and not serial and not load" tests/integration \
+	$(call junit,integration)
+integration_alone = $(PYTEST) -m "integration and serial and not load" tests/integration $(call junit,integration-alone)
 e2e_parallel = KUBETF_IMAGES_BUILT=1 $(PYTEST) $(call xdist,$(E2E_WORKERS)) -m "e2e and not serial" tests/e2e \
 	$(call junit,e2e)
 e2e_alone = KUBETF_IMAGES_BUILT=1 $(PYTEST) -m "e2e and serial" tests/e2e $(call junit,e2e-alone)
@@ -98,6 +99,9 @@ test-e2e: venv tools ## the chart and real TensorFlow pods: in parallel, then th
 	$(MAKE) --no-print-directory images
 	$(e2e_parallel)
 	$(e2e_alone)
+
+test-load: venv tools ## the issue-size load tests, alone on the cluster (a tenant's attacks while 2,000 jobs report: ~15 min)
+	$(PYTEST) -m load -s tests/integration $(call junit,load)
 
 test-cluster: test-integration test-e2e ## integration and e2e tiers on $$KUBECONFIG, else on the local cluster
 
@@ -257,6 +261,9 @@ bench-kueue: venv tools ## with and without Kueue: apply -> pods Running, and Ku
 
 bench-kueue-scale: venv tools ## Kueue on kwok: 5,000 queued jobs' API cost, 1,000 admitted, a 100-job priority chain
 	$(PY) -m tests.bench.kueue_scale $(ARGS)
+
+bench-churn: venv ## connection churn against the operator's HTTP server with its heap frozen: RSS, garbage, CPU (no cluster)
+	$(PY) -m tests.bench.connection_churn $(ARGS)
 
 bench-progress: venv tools ## progress reports on kwok: 2,000 jobs reporting every second vs quiet (ARGS="--jobs 200")
 	$(PY) -m tests.bench.progress_scale $(ARGS)

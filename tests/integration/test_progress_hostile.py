@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import socket
+import subprocess
 import threading
 import time
 import urllib.error
@@ -217,3 +218,55 @@ def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goe
     assert {s for s, _ in idle_answers} == {408} and slow_idle < 1.0 + 1.0
     assert rss_after - rss_before < 50, (rss_before, rss_after)
     assert replaced < 5.0, replaced
+
+
+def test_curl_sending_a_report_with_expect_100_continue_is_answered_204_at_once(cluster, namespace, operator, tmp_path):
+    """A client that sends `Expect: 100-continue` (curl before 7.68 for any body over 1 KiB, and since then over 1 MiB
+    or when told to, as here; other HTTP clients too) waits up to a second for the `100 Continue` before it sends the
+    body: it gets one at once, and the body's deadline runs from the admission, not from the connection."""
+    pods = running_job(cluster, namespace, "curl")
+    token = token_for(cluster, namespace, pods["curl-chief-0"])
+    big = tmp_path / "big.json"
+    metrics = {f"validation_metric_{i}": i / 7 for i in range(32)}
+    big.write_text(json.dumps({"epoch": 1, "epochs": 4, "metrics": metrics}))
+    assert big.stat().st_size > 1024
+    result = subprocess.run(
+        ["curl", "-sS", "-v", "-o", "/dev/null", "-w", "%{http_code} %{time_total}",
+         "-H", f"Authorization: Bearer {token}", "-H", "Content-Type: application/json",
+         "-H", "Expect: 100-continue", "-d", f"@{big}",
+         f"http://127.0.0.1:{operator.progress_port}/v1/progress"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    code, took = result.stdout.split()
+    print(f"\ncurl -d @big.json ({big.stat().st_size} bytes): {code} in {float(took):.3f} s")
+    assert "< HTTP/1.1 100" in result.stderr, result.stderr
+    assert code == "204", result.stderr
+    assert float(took) < 1.0  # curl would send the body after a second without the 100 Continue (then: 408)
+
+
+def test_a_client_past_its_share_of_connections_reads_503_with_retry_after_not_a_reset(operator):
+    """One address may hold 64 connections to the progress port (--http-connections-per-peer); the next one is
+    answered 503 with Retry-After, and the client that sends its body in a second write reads that answer."""
+    port = operator.progress_port
+    statuses = []
+    for _ in range(10):
+        held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(64)]
+        try:
+            wait_for(
+                lambda: operator.metric_total("kubetf_http_connections", only={"port": "progress"}) >= 64,
+                5,
+                "the 64 connections accepted",
+            )
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"POST /v1/progress HTTP/1.1\r\nHost: kubetf\r\nContent-Length: 2000\r\n\r\n")
+                time.sleep(0.01)  # the body in a second write, as a client that sends its head first does
+                sock.sendall(b"x" * 2000)
+                data = b""
+                while chunk := sock.recv(4096):  # a reset raises here
+                    data += chunk
+            statuses.append(int(data.split(b" ", 2)[1]))
+            assert b"\r\nRetry-After: 1\r\n" in data, data
+        finally:
+            for sock in held:
+                sock.close()
+    assert statuses == [503] * 10

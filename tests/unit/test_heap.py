@@ -124,3 +124,20 @@ def test_a_quiet_second_is_one_in_which_few_reconciles_began() -> None:
     queue.done(queue.get()[0])
     assert quiet()
     queue.shutdown()
+
+
+def test_garbage_that_comes_fast_is_reclaimed_while_it_comes_not_at_the_next_complete_collection() -> None:
+    """Short-lived cycles that a full collection froze while they lived (as a flood of connections' once did, a
+    million objects within minutes) are reclaimed once what is frozen grew by a quarter, not 10 minutes later."""
+    heap = ShortFullCollections(every=3600, min_growth=1000, poll=0.05)
+    heap.start()
+    try:
+        reclaimed = []
+        for _ in range(max(100, gc.get_freeze_count() // 200)):
+            batch = [cycle() for _ in range(100)]
+            gc.collect()  # a full collection while they live: frozen
+            reclaimed.extend(done for _, done in batch)
+            del batch  # now garbage no full collection sees
+        assert reclaimed[0].wait(5), "the frozen garbage was not collected completely as it grew"
+    finally:
+        heap.stop()

@@ -37,22 +37,21 @@ OPERATOR_PERMISSIONS = {
     ("", "pods/log", "get"),  # TensorFlow's "SIGTERM caught at" line: the program ignores the SIGTERM
     *(("", "services", verb) for verb in ("get", "list", "create")),
     *(("", "persistentvolumeclaims", verb) for verb in ("get", "list", "create")),
-    *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),
+    ("", "events", "create"),  # the operator's own (kopf posts none: it would write outside the lease)
     # Kueue: LocalQueues watched; a job's Workload made, watched and written (never deleted: the garbage collector
     # takes it with its job); a queued job's place read from the visibility API
     *(("kueue.x-k8s.io", "localqueues", verb) for verb in ("get", "list", "watch")),
     *(("kueue.x-k8s.io", "workloads", verb) for verb in ("get", "list", "watch", "create", "patch")),
     ("kueue.x-k8s.io", "workloads/status", "patch"),
-    # A gang's PodGroups (and Kubernetes' Workload): made, watched, an older generation's deleted (kubetf.core.gang)
+    # A gang's PodGroups: made, watched, an older generation's deleted (kubetf.core.gang); Kubernetes' Workload of the
+    # job: made (read when its name is taken), never deleted
     *(
-        (group, resource, verb)
-        for group, resource in (
-            ("scheduling.k8s.io", "podgroups"),
-            ("scheduling.k8s.io", "workloads"),
-            ("scheduling.volcano.sh", "podgroups"),
-        )
+        (group, "podgroups", verb)
+        for group in ("scheduling.k8s.io", "scheduling.volcano.sh")
         for verb in ("get", "list", "watch", "create", "delete")
     ),
+    ("scheduling.k8s.io", "workloads", "get"),
+    ("scheduling.k8s.io", "workloads", "create"),
     ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
 }
 CLUSTER_QUEUES = {("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads", "get")}  # cluster-wide only
@@ -66,11 +65,10 @@ KUEUE_CLASSES = {
     ("kueue.x-k8s.io", "resourceflavors", "get"),
     ("scheduling.k8s.io", "priorityclasses", "get"),
 }
-# What the chart lets Kueue's controller do with TrainingJobs (an external framework of Kueue's, MultiKueue).
-KUEUE_READS_JOBS = {
-    *(("kubetf.io", "trainingjobs", verb) for verb in ("get", "list", "watch")),
-    *(("kubetf.io", "trainingjobs/status", verb) for verb in ("get", "patch", "update")),
-}
+# What the chart lets Kueue's controller do with TrainingJobs (an external framework of Kueue's); on a MultiKueue
+# manager (kueue.multiKueue) also write their status.
+KUEUE_READS_JOBS = {("kubetf.io", "trainingjobs", verb) for verb in ("get", "list", "watch")}
+MULTIKUEUE_WRITES_STATUS = {("kubetf.io", "trainingjobs/status", verb) for verb in ("get", "patch", "update")}
 TOKEN_REVIEWS = {("authentication.k8s.io", "tokenreviews", "create")}  # which pod sent a progress report
 LEASE = {("coordination.k8s.io", "leases", verb) for verb in ("create", "get", "update")}
 LEASE_ROLE = "kubetf-operator-leader-election"
@@ -672,3 +670,13 @@ def test_kubetf_validate_refuses_what_the_policies_refuse_at_create_time(job: Ob
 
     refused = [message.split(": ", 1)[0] for message in admit("CREATE", job)]
     assert [p.path for p in api.validate(job)] == refused
+
+
+def test_kueue_writes_a_jobs_status_only_on_a_multikueue_manager(helm: str) -> None:
+    def kueue_role(*values: str) -> Obj:
+        return next(
+            r for r in by_kind(template(helm, *values), "ClusterRole") if r["metadata"]["name"].endswith("-kueue")
+        )
+
+    assert permissions(kueue_role()) == KUEUE_READS_JOBS
+    assert permissions(kueue_role("--set", "kueue.multiKueue=true")) == KUEUE_READS_JOBS | MULTIKUEUE_WRITES_STATUS

@@ -8,12 +8,12 @@ import json
 import pytest
 from prometheus_client import REGISTRY
 
-from kubetf.cluster.kube import RateLimiter
 from kubetf.core import builders
 from kubetf.core.progress import identity, merge, protocol
 from kubetf.core.progress.health import UNHEALTHY
+from kubetf.runtime.progress.auth import Authenticator, Budget
 from kubetf.runtime.progress.endpoint import ProgressEndpoint
-from kubetf.runtime.server import Answer, Head
+from kubetf.runtime.server import Answer, Head, Slow
 
 from .test_controller import T0, Shell, _ended, mwms
 
@@ -29,6 +29,11 @@ def jwt(claims: dict) -> str:
         return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
 
     return f"{part({'alg': 'RS256'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+def done(outcome):
+    """What the server makes of `admit`'s or `accept`'s outcome: slow work run (on its pool)."""
+    return outcome.work() if isinstance(outcome, Slow) else outcome
 
 
 class Reporting:
@@ -52,7 +57,7 @@ class Reporting:
         self.endpoint = ProgressEndpoint(
             lambda token: api.review_token(token, identity.AUDIENCE),
             read_progress,
-            RateLimiter(*budget),
+            Budget(*budget),
             clock=lambda: self.shell.now,
         )
         self.leader = True
@@ -75,8 +80,8 @@ class Reporting:
         """What the server does with a request: the head first, then the body."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        ticket = self.endpoint.admit(Head("POST", path, headers, len(raw)))
-        answer = ticket if isinstance(ticket, Answer) else self.endpoint.accept(ticket, raw)
+        ticket = done(self.endpoint.admit(Head("POST", path, headers, len(raw))))
+        answer = ticket if isinstance(ticket, Answer) else done(self.endpoint.accept(ticket, raw))
         return answer.status, answer.error
 
     def write(self) -> int:
@@ -450,3 +455,43 @@ def test_pods_get_the_url_and_a_token_for_the_endpoint_only():
     assert "KUBETF_PROGRESS_URL" not in {
         e["name"] for e in quiet.api.pods["mnist-worker-0"]["spec"]["containers"][0]["env"]
     }
+
+
+# ---------------------------------------------------------------------- fair shares of the reviews
+
+
+def test_a_namespace_forging_tokens_spends_its_own_share_of_the_reviews_not_another_namespaces():
+    pods = {"uid-attacker": "team-evil", "uid-victim": "team-a"}
+    valid = set()
+
+    def review(token: str) -> dict:
+        if token not in valid:
+            return {"authenticated": False}
+        return {
+            "authenticated": True,
+            "audiences": [identity.AUDIENCE],
+            "user": {"username": "system:serviceaccount:team-a:default",
+                     "extra": {identity.POD_NAME_EXTRA: ["mnist-chief-0"], identity.POD_UID_EXTRA: ["uid-victim"]}},
+        }  # fmt: skip
+
+    now = [0.0]
+    budget = Budget(10, 20, clock=lambda: now[0])  # the endpoint's: 10 reviews a second, 20 at once
+    auth = Authenticator(review, budget, pods.get, lambda: Budget(1, 3, clock=lambda: now[0]), clock=lambda: T0)
+
+    def token(uid: str, n: int) -> str:
+        return jwt({"aud": [identity.AUDIENCE], "exp": T0 + 600, "kubernetes.io": {"pod": {"uid": uid}}, "n": n})
+
+    forged = [done(auth.authenticate(f"Bearer {token('uid-attacker', n)}")) for n in range(40)]
+    # its own share (3), then the budget down to half its burst (7 more): the rest is kept for the others
+    assert [a.status for a in forged] == [401] * 10 + [429] * 30
+    assert "namespace team-evil has used its share" in forged[-1].error
+    victims = token("uid-victim", 0)
+    valid.add(victims)
+    first = auth.authenticate(f"Bearer {victims}")
+    assert isinstance(first, Slow)  # a new token: reviewed (on the port's slow pool), within team-a's own share
+    assert done(first).uid == "uid-victim"
+    again = auth.authenticate(f"Bearer {victims}")
+    assert not isinstance(again, Slow) and again.uid == "uid-victim"  # heard before: no review, no waiting
+    now[0] += 1.0  # a second on: the attacker again takes only what goes past half the burst
+    later = [done(auth.authenticate(f"Bearer {token('uid-attacker', n)}")).status for n in range(40, 60)]
+    assert later.count(401) <= 10

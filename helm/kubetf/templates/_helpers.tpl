@@ -97,18 +97,19 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
 - apiGroups: [visibility.kueue.x-k8s.io]
   resources: [localqueues/pendingworkloads]
   verbs: [get]
-# Gang scheduling without Kueue (docs/gang-scheduling.md): a job's PodGroups (and, Kubernetes', its Workload), made
-# before its pods, watched for what the scheduler says, an older generation's deleted once no pod uses it.
-- apiGroups: [scheduling.k8s.io]
-  resources: [podgroups, workloads]
-  verbs: [get, list, watch, create, delete]
-- apiGroups: [scheduling.volcano.sh]
+# Gang scheduling without Kueue (docs/gang-scheduling.md): a job's PodGroups, made before its pods, watched for what
+# the scheduler says, an older generation's deleted once no pod uses it; Kubernetes' own also needs the job's
+# Workload, made once (read only when its name is taken) and never deleted: the garbage collector takes it with the job.
+- apiGroups: [scheduling.k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, watch, create, delete]
-# Events on TrainingJobs, from the operator and from kopf.
-- apiGroups: ["", events.k8s.io]
+- apiGroups: [scheduling.k8s.io]
+  resources: [workloads]
+  verbs: [get, create]
+# Events on TrainingJobs, the operator's own (kopf posts none: it would write outside the leader lease).
+- apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end }}
 
 {{/*

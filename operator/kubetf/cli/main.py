@@ -429,10 +429,30 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "connections each of the operator's ports holds open at once (past that: 503, retry)",
     ),
     (
+        "--http-connections-per-peer",
+        "http_connections_per_peer",
+        int,
+        "connections the progress port holds open at once from one address (a pod has one; past that: 503, retry)",
+    ),
+    (
         "--http-read-timeout",
         "http_read_timeout",
         float,
-        "seconds a whole request may take to arrive at any of the operator's ports (past that: 408)",
+        "seconds a request's line and headers may take to arrive at any of the operator's ports, and its body from "
+        "its admission (past that: 408)",
+    ),
+    (
+        "--http-write-timeout",
+        "http_write_timeout",
+        float,
+        "seconds a client of any of the operator's ports has to take its answer (past that: the connection is closed)",
+    ),
+    (
+        "--metrics-cpu-share",
+        "metrics_cpu_share",
+        float,
+        "the share of a core /metrics pages may take to build: a page is served again, unbuilt, until its build's CPU "
+        "is at most this share of the time since it began",
     ),
     (
         "--progress-api-qps",
@@ -441,6 +461,18 @@ OPERATOR_SETTINGS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "API requests per second the progress port may make (TokenReviews, first reads; past that: 429)",
     ),
     ("--progress-api-burst", "progress_api_burst", int, "the progress port's API requests allowed in a burst"),
+    (
+        "--progress-api-namespace-qps",
+        "progress_api_namespace_qps",
+        float,
+        "TokenReviews per second for the pods of one namespace, within --progress-api-qps (past that: 429)",
+    ),
+    (
+        "--progress-api-namespace-burst",
+        "progress_api_namespace_burst",
+        int,
+        "TokenReviews for the pods of one namespace allowed in a burst",
+    ),
     (
         "--reconcile-error-after",
         "reconcile_error_after",

@@ -40,6 +40,13 @@ REQUESTS = Counter(
     "kubetf_http_requests_total", "Requests the operator's ports answered, by port and status", ["port", "code"]
 )
 CONNECTIONS = Gauge("kubetf_http_connections", "Connections open to each of the operator's ports", ["port"])
+CLOSED = Counter(
+    "kubetf_http_connections_closed_total",
+    "Connections the operator's ports closed without a whole answer, by port and why: `unanswered` (past the "
+    "connection limits while as many were being refused already), `write timeout` (the client did not take the "
+    "answer in time)",
+    ["port", "reason"],
+)
 TOKEN_REVIEWS = Counter(
     "kubetf_progress_token_reviews_total",
     "TokenReviews of progress tokens, by result (valid, refused, over budget, error)",

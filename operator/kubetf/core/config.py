@@ -114,14 +114,23 @@ class OperatorConfig:
     progress_write_seconds: float = 30.0
     progress_writes_per_second: float = 5.0
     progress_stall_seconds: float = 600.0
-    # Every port of the operator (progress, metrics, healthz: kubetf.runtime.server): connections open at once, and
-    # seconds a whole request (head and body) has to arrive.
+    # Every port of the operator (progress, metrics, healthz: kubetf.runtime.server): connections open at once; those
+    # from one address on the progress port (a pod has one); seconds a request's line and headers have to arrive from
+    # the connection, and its body from its admission; seconds a client has to take its answer.
     http_connections: int = 1024
+    http_connections_per_peer: int = 64
     http_read_timeout: float = 1.0
+    http_write_timeout: float = 5.0
+    # /metrics (kubetf.runtime.pages): a page is served again, unbuilt, until its build's CPU time is at most this
+    # share of the time since it began, so the pages of however many scrapes take at most this share of a core.
+    metrics_cpu_share: float = 0.1
     # What the progress endpoint may ask of the API server (TokenReviews of new tokens, a job's stored progress at its
-    # first report), per second and in a burst, on its own client: past that, 429.
+    # first report), per second and in a burst, on its own client: past that, 429. Of it, the TokenReviews of the pods
+    # of one namespace (the namespace of the pod a token claims, from the operator's cache) at most these.
     progress_api_qps: float = 50.0
     progress_api_burst: int = 100
+    progress_api_namespace_qps: float = 10.0
+    progress_api_namespace_burst: int = 20
     # A job whose reconciles failed this many times in a row gets the ReconcileError condition (kubetf.core.failing).
     reconcile_error_after: int = 3
 
@@ -149,6 +158,8 @@ class OperatorConfig:
             )
         if min(*self.api_timeout, *self.log_timeout) <= 0:
             return "--api-timeout and --log-timeout must be positive (CONNECT,READ seconds)"
+        if not 0 < self.metrics_cpu_share <= 1:
+            return f"--metrics-cpu-share ({self.metrics_cpu_share}) must be more than 0 and at most 1 (a whole core)"
         return None
 
 

@@ -11,7 +11,6 @@ Without Kueue in the cluster kopf watches neither of its kinds, and starts when 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,7 +60,11 @@ class NoMemories(ResourceMemories):
 def settings() -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     settings.persistence.diffbase_storage = NoDiffBase()
-    settings.posting.level = logging.WARNING
+    # kopf would post its own Events (a handler's failure, as a Warning on the job) through its own client, outside
+    # the leader lease that guards every write of the operator's (kubetf.cluster.kube): a standby, or a leader that
+    # lost the lease, could write. The handlers only hand each event over; kopf logs what fails, and the operator's
+    # own Events say what happens to a job.
+    settings.posting.enabled = False
     settings.watching.chunk_size = PAGE_SIZE
     # kopf keeps one task per object, holding its last event, until it has idled this long (default 5 s): at a
     # restart it lists every job, Workload and PodGroup within seconds, each event alive meanwhile. The handlers only

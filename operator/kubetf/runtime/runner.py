@@ -20,11 +20,11 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import kopf
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import REGISTRY
 
 from kubetf.cluster import metrics
 from kubetf.cluster.cache import Key
-from kubetf.cluster.kube import Kube, RateLimiter
+from kubetf.cluster.kube import Kube
 from kubetf.cluster.leader import LeaderElector
 from kubetf.cluster.workqueue import WorkQueue
 from kubetf.core.config import DEFAULT_LEASE_NAMESPACE, OperatorConfig
@@ -34,8 +34,10 @@ from kubetf.runtime import handlers
 from kubetf.runtime.controller import Controller
 from kubetf.runtime.heap import ShortFullCollections
 from kubetf.runtime.memory_limit import MemoryLimit
+from kubetf.runtime.pages import SharedPages
+from kubetf.runtime.progress.auth import Budget
 from kubetf.runtime.progress.endpoint import ProgressEndpoint
-from kubetf.runtime.server import Answer, Head, Limits, Server
+from kubetf.runtime.server import Answer, Head, Limits, Server, Wait
 from kubetf.runtime.status_series import StatusSeries
 
 log = logging.getLogger("kubetf.operator")
@@ -140,13 +142,20 @@ def progress_endpoint(config: OperatorConfig) -> ProgressEndpoint:
     endpoint = ProgressEndpoint(
         lambda token: client.review_token(token, AUDIENCE),
         read_progress,
-        RateLimiter(config.progress_api_qps, config.progress_api_burst),
+        Budget(config.progress_api_qps, config.progress_api_burst),
+        lambda: Budget(config.progress_api_namespace_qps, config.progress_api_namespace_burst),
     )
     if config.progress_port:
-        limits = Limits(
-            max_connections=config.http_connections, read_timeout=config.http_read_timeout, max_body=MAX_BODY
+        limits = dataclasses.replace(
+            _port_limits(config),
+            per_peer=config.http_connections_per_peer,
+            reserved=config.http_connections // 4,
+            max_body=MAX_BODY,
+            slow_threads=4,
         )
-        Server(config.progress_port, endpoint.admit, endpoint.accept, limits, name="progress").start()
+        Server(
+            config.progress_port, endpoint.admit, endpoint.accept, limits, name="progress", trusted=endpoint.trusted
+        ).start()
     return endpoint
 
 
@@ -210,11 +219,11 @@ def _wait_for_leadership(elector: LeaderElector) -> bool:
     return True
 
 
-def _get(answers: Mapping[str, Callable[[Mapping[str, list[str]]], Answer]]) -> Callable[[Head], Answer]:
+def _get(answers: Mapping[str, Callable[[Mapping[str, list[str]]], Answer | Wait]]) -> Callable[[Head], Answer | Wait]:
     """A port that serves GET on the given paths; each answer gets the request's query."""
     paths = " or ".join(answers)
 
-    def admit(head: Head) -> Answer:
+    def admit(head: Head) -> Answer | Wait:
         path, _, query = head.target.partition("?")
         answer = answers.get(path)
         if answer is None:
@@ -226,23 +235,35 @@ def _get(answers: Mapping[str, Callable[[Mapping[str, list[str]]], Answer]]) -> 
     return admit
 
 
-def _port_limits(config: OperatorConfig) -> Limits:
-    return Limits(max_connections=config.http_connections, read_timeout=config.http_read_timeout, threads=2)
+# Connections from one address to /metrics (a Prometheus scrapes one page at a time) and to /healthz (the kubelet's
+# liveness and readiness probes come from its node together): every other address has as many of its own.
+METRICS_PER_PEER = 8
+HEALTH_PER_PEER = 4
 
 
-def _serve_metrics(port: int, config: OperatorConfig) -> None:
-    """Prometheus /metrics, on the operator's bounded server (runtime.server), like every port of it."""
+def _port_limits(config: OperatorConfig, **fields: Any) -> Limits:
+    return Limits(
+        max_connections=config.http_connections,
+        read_timeout=config.http_read_timeout,
+        write_timeout=config.http_write_timeout,
+        **fields,
+    )
+
+
+def _serve_metrics(port: int, config: OperatorConfig) -> Server:
+    """Prometheus /metrics, on the operator's bounded server (runtime.server), like every port of it; each page built
+    once for every scrape that asks meanwhile (runtime.pages)."""
     REGISTRY.register(MemoryLimit())
-    Server(port, _get({"/metrics": metrics_page}), _no_body, _port_limits(config), name="metrics").start()
+    pages = SharedPages(config.metrics_cpu_share)
 
+    def metrics(query: Mapping[str, list[str]]) -> Wait:
+        """Every series, or only the samples `name[]` names (as prometheus_client's own handler: `?name[]=kubetf_jobs`):
+        a whole page grows with the jobs' own series, a scrape of one family costs that family only."""
+        selection = tuple(sorted(set(query.get("name[]") or [])))
+        return Wait(lambda: pages.answer(selection))
 
-def metrics_page(query: Mapping[str, list[str]]) -> Answer:
-    """Every series, or only the samples `name[]` names (as prometheus_client's own handler: `?name[]=kubetf_jobs`).
-    A whole page grows with the jobs' own series: at 10,000 jobs reporting 20 metrics each it was 13 MB and took 4 s
-    of CPU, where a scrape of one family costs that family only."""
-    names = query.get("name[]")
-    registry = REGISTRY.restricted_registry(names) if names else REGISTRY
-    return Answer(200, content=generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    limits = _port_limits(config, per_peer=METRICS_PER_PEER, threads=1, slow_threads=1)
+    return Server(port, _get({"/metrics": metrics}), _no_body, limits, name="metrics").start()
 
 
 def _serve_health(
@@ -250,7 +271,8 @@ def _serve_health(
 ) -> None:
     """/healthz: 200 while the election loop runs (a standby is healthy too); the body says which one it is.
     /readyz: 200 once the operator can take over, its election having reached the API server (without an election:
-    once it serves); a rolling upgrade replaces the next old pod only then."""
+    once it serves); a rolling upgrade replaces the next old pod only then. A server of its own (its own thread,
+    connections and pool), so no load on the other ports can keep the kubelet's probes waiting."""
 
     def health(_query: Mapping[str, list[str]]) -> Answer:
         return Answer(200, content=f"ok {role()}\n".encode()) if healthy() else Answer(500, content=b"unhealthy\n")
@@ -259,7 +281,8 @@ def _serve_health(
         return Answer(200, content=f"ok {role()}\n".encode()) if ready() else Answer(503, content=b"not yet\n")
 
     answers = {"/healthz": health, "/readyz": readiness}
-    Server(port, _get(answers), _no_body, _port_limits(config), name="healthz").start()
+    limits = _port_limits(config, per_peer=HEALTH_PER_PEER, threads=1, slow_threads=1)
+    Server(port, _get(answers), _no_body, limits, name="healthz").start()
 
 
 def _no_body(_ticket: object, _body: bytes) -> Answer:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from kubetf.cluster.cache import Key
 from kubetf.core import goodput
 from kubetf.core.progress.protocol import MAX_METRICS, number
+from kubetf.runtime.pages import checkpoint
 
 JOB = ["namespace", "job"]
 
@@ -62,7 +63,9 @@ class _JobsCollector(Collector):
             ]
         progress, rate, metric, health, ratio_, training, lost = _families()
         now = time.time()
-        for (namespace, job), ratio, steps, values, unhealthy, kept in jobs:
+        for n, ((namespace, job), ratio, steps, values, unhealthy, kept) in enumerate(jobs):
+            if n % 1000 == 999:
+                checkpoint()  # a /metrics page nobody waits for any more stops here (kubetf.runtime.pages)
             if kept is not None:  # counted up to now: a job that trains quietly writes no status for it
                 view = goodput.live(kept[0], kept[1], now)
                 ratio_.add_metric([namespace, job], view.ratio)
