@@ -630,8 +630,8 @@ class Kube:
     def release_pods(self, pods: list[Obj]) -> None:
         """Remove Kueue's pod-integration finalizer from these deleted pods (they run nothing any more:
         kubetf.core.scheduling.kueue.legacy_held), and end their deletion at once: the kubelet would confirm it only
-        once it has cleaned
-        up after the containers, most of a second that the replacement of the same name would wait for."""
+        once it has cleaned up after the containers, most of a second that the replacement of the same name would
+        wait for."""
         list(self._parallel().map(self._release, pods))
 
     def _release(self, pod: Obj) -> None:

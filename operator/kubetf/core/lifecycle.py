@@ -171,8 +171,8 @@ def derive_phase(d: Decision, views: dict[str, TaskView], previous: str | None) 
     if d.plan.names_taken:
         reason, message, event_type = "PodNameInUse", _name_taken_message(d.plan.names_taken), "Warning"
     elif d.plan.waiting is not None:
-        reason, message, warning = d.plan.waiting
-        event_type = "Warning" if warning else "Normal"
+        reason, message, timed_out = d.plan.waiting
+        event_type = "Warning" if timed_out else "Normal"
     if any(status.get(wait) for wait in WAITS):
         return  # a refused create's condition stays until the creates go through (`after_creates`)
     current = st.current_condition(status) or {}

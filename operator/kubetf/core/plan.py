@@ -84,7 +84,7 @@ class Plan:
     progress: Held | None = None
     progress_along: dict[str, Any] | None = None
     names_taken: list[tuple[str, Pod]] = field(default_factory=list)  # tasks' pod names another's pod holds
-    waiting: tuple[str, str, bool] | None = None  # (reason, message, warning) of a scheduler's wait worth saying
+    waiting: tuple[str, str, bool] | None = None  # (reason, message, timed out: a Warning) of a scheduler's wait
     gate: Gate | None = None  # the job's pods may not be here now: why (kubetf.core.scheduling.Gate)
 
     def wake_at(self, when: float | None) -> None:
