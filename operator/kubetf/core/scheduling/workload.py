@@ -124,11 +124,8 @@ def shape(job: Job) -> str:
     roles = []
     for role, spec in api.replica_specs(job).items():
         pod_spec = (spec.get("template") or {}).get("spec") or {}
-        resources = [
-            (c.get("name"), c.get("resources") or {})
-            for key in ("initContainers", "containers")
-            for c in pod_spec.get(key) or []
-        ]
+        containers = [c for key in ("initContainers", "containers") for c in pod_spec.get(key) or []]
+        resources = [(c.get("name"), c.get("resources") or {}) for c in containers]
         roles.append({"name": role, "replicas": spec.get("replicas"), "gpus": spec.get("gpus"), "resources": resources})
     return _spec_hash({"queueName": queue_name(job), "roles": roles})
 
