@@ -3,6 +3,7 @@
 job that loses a worker meanwhile has its replacement pods within 5 s. The numbers are printed."""
 
 import base64
+import http.client
 import json
 import os
 import secrets
@@ -10,15 +11,13 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from kubetf.core.progress.identity import AUDIENCE
 from tests.cluster.fixture import wait_for
 
-from .conftest import UNSCHEDULED
+from .conftest import TEST_FLAGS, UNSCHEDULED, Operator, free_port
 from .test_progress import running_job, token_for
 
 pytestmark = pytest.mark.integration
@@ -97,15 +96,15 @@ def forged(pod_uid: str) -> str:
     return f"{part({'alg': 'RS256'})}.{part(claims)}.{secrets.token_urlsafe(32)}"
 
 
-def post(port: int, token: str, body: bytes = b'{"epoch": 1}') -> int:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/progress", data=body, method="POST", headers={"Authorization": f"Bearer {token}"}
-    )
+def post(port: int, token: str, body: bytes = b'{"epoch": 1}', source: str = "127.0.0.1") -> int:
+    """A report with this token, from the address `source` (the loopback's 127.0.0.0/8: an attacker of its own, as a
+    pod has its own address, each with its share of the port's connections)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
+        connection.request("POST", "/v1/progress", body=body, headers={"Authorization": f"Bearer {token}"})
+        return connection.getresponse().status
+    finally:
+        connection.close()
 
 
 def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goes_on(cluster, namespace, operator):
@@ -127,14 +126,16 @@ def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goe
         assert status == expected and took < 1.0, (length, status, took)
         timings[f"Content-Length {length}"] = took
 
-    # -- the attack, in the background: 500 idle half-open connections, 3,000 random tokens, forged ones
+    # -- the attack, in the background, each from addresses of its own: 500 idle half-open connections, 3,000 random
+    # tokens, forged ones
     idle_answers: list[tuple[int, float]] = []
     random_answers: list[int] = []
     forged_answers: list[int] = []
     stop = threading.Event()
 
     def idle_connections() -> None:
-        sockets = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(500)]
+        sources = [f"127.0.1.{n}" for n in range(1, 11)]  # 50 from each: within an address's share
+        sockets = [socket.create_connection(("127.0.0.1", port), 5, (sources[n % 10], 0)) for n in range(500)]
         opened = time.monotonic()
         for sock in sockets:
             sock.sendall(b"POST /v1/progress HTTP/1.1\r\n")  # half a request, never finished
@@ -144,14 +145,14 @@ def test_hostile_clients_get_4xx_at_once_cost_little_and_a_restart_meanwhile_goe
 
     def random_tokens() -> None:
         for _ in range(3000):  # as fast as one client can
-            random_answers.append(post(port, secrets.token_urlsafe(600)))
+            random_answers.append(post(port, secrets.token_urlsafe(600), source="127.0.2.1"))
 
     def forged_tokens() -> None:
         """Forged tokens from 8 clients at once: more new tokens a second than the TokenReview budget allows (one
         client waits for each review, and a review takes longer than the budget's 20 ms)."""
         pod_uid = other["other-chief-0"]["metadata"]["uid"]  # a pod that stays: the victim's are replaced meanwhile
         while not stop.is_set() and len(forged_answers) < 1000:
-            forged_answers.append(post(port, forged(pod_uid)))
+            forged_answers.append(post(port, forged(pod_uid), source="127.0.3.1"))
 
     attackers = [threading.Thread(target=f, daemon=True) for f in (idle_connections, random_tokens)]
     attackers += [threading.Thread(target=forged_tokens, daemon=True) for _ in range(8)]
@@ -244,9 +245,25 @@ def test_curl_sending_a_report_with_expect_100_continue_is_answered_204_at_once(
     assert float(took) < 1.0  # curl would send the body after a second without the 100 Continue (then: 408)
 
 
-def test_a_client_past_its_share_of_connections_reads_503_with_retry_after_not_a_reset(operator):
+@pytest.fixture
+def patient_operator(cluster, operator, tmp_path):
+    """In place of this worker's operator for one test, the same but waiting 60 s for a request's head (the default
+    1 s): connections held open stay open while the test looks at them, however busy the machine is."""
+    operator.stop()  # gives the lease up: the patient one takes it at once
+    patient = Operator(cluster.kubeconfig, tmp_path / "patient-operator.log", metrics_port=free_port(),
+                       flags=(*TEST_FLAGS, "--http-read-timeout", "60"))  # fmt: skip
+    patient.start()
+    try:
+        yield patient
+    finally:
+        patient.stop()
+        operator.start()
+
+
+def test_a_client_past_its_share_of_connections_reads_503_with_retry_after_not_a_reset(patient_operator):
     """One address may hold 64 connections to the progress port (--http-connections-per-peer); the next one is
     answered 503 with Retry-After, and the client that sends its body in a second write reads that answer."""
+    operator = patient_operator
     port = operator.progress_port
     statuses = []
     for _ in range(10):
@@ -269,4 +286,7 @@ def test_a_client_past_its_share_of_connections_reads_503_with_retry_after_not_a
         finally:
             for sock in held:
                 sock.close()
+        # The next round's 64 are counted only once the server has seen these go.
+        wait_for(lambda: operator.metric_total("kubetf_http_connections", only={"port": "progress"}) == 0, 10,
+                 "the 64 connections closed")  # fmt: skip
     assert statuses == [503] * 10
