@@ -50,8 +50,7 @@ OPERATOR_PERMISSIONS = {
         for group in ("scheduling.k8s.io", "scheduling.volcano.sh")
         for verb in ("get", "list", "watch", "create", "delete")
     ),
-    ("scheduling.k8s.io", "workloads", "get"),
-    ("scheduling.k8s.io", "workloads", "create"),
+    *(("scheduling.k8s.io", "workloads", verb) for verb in ("get", "list", "watch", "create")),
     ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
 }
 CLUSTER_QUEUES = {("visibility.kueue.x-k8s.io", "clusterqueues/pendingworkloads", "get")}  # cluster-wide only

@@ -99,13 +99,14 @@ secrets, no configmaps, no pods/exec, no wildcards (a unit test keeps it so).
   verbs: [get]
 # Gang scheduling without Kueue (docs/gang-scheduling.md): a job's PodGroups, made before its pods, watched for what
 # the scheduler says, an older generation's deleted once no pod uses it; Kubernetes' own also needs the job's
-# Workload, made once (read only when its name is taken) and never deleted: the garbage collector takes it with the job.
+# Workload, made once, watched (whose it is, before a pod joins it) and never deleted: the garbage collector takes it
+# with the job.
 - apiGroups: [scheduling.k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, watch, create, delete]
 - apiGroups: [scheduling.k8s.io]
   resources: [workloads]
-  verbs: [get, create]
+  verbs: [get, list, watch, create]
 # Events on TrainingJobs, the operator's own (kopf posts none: it would write outside the leader lease).
 - apiGroups: [""]
   resources: [events]
