@@ -189,3 +189,18 @@ def test_a_recreated_task_whose_old_pod_restarted_in_place_has_its_first_exit_in
     exits_in_place(sim, "mnist-worker-1", 1, "Traceback...\nValueError: again")
     sim.step()
     assert sim.status["restarts"]["failures"] == 3 and "ValueError: again" in sim.status["restarts"]["lastReason"]
+
+
+def test_a_task_whose_program_exited_0_is_a_success_only_once_its_pod_says_so():
+    """The kubelet may report the training container's exit 0 before the pod's phase: the task runs on until the pod
+    is Succeeded, and the job's end then keeps that pod (cleanPodPolicy Running) with its log."""
+    sim = Sim(mwms_job())
+    sim.step()
+    running(sim)
+    exits_in_place(sim, "mnist-chief-0", 0)  # the pod still Running
+    plan = sim.step()
+    assert sim.status["phase"] == "Running" and plan.delete == [] and sim.status["restarts"]["failures"] == 0
+    sim.exit("mnist-chief-0", 0)
+    sim.step()
+    assert sim.status["phase"] == "Succeeded" and "mnist-chief-0" in sim.pods
+    assert "deletionTimestamp" not in sim.pods["mnist-chief-0"]["metadata"]

@@ -51,6 +51,15 @@ def rules(job: Job, role: str) -> list[dict[str, Any]]:
     return []
 
 
+def restarts(job: Job, role: str, exit_code: int) -> bool:
+    """Whether the role's rules restart its training container in place on this exit code (else the pod ends)."""
+    for rule in rules(job, role):
+        codes = rule["exitCodes"]
+        if (exit_code in codes["values"]) == (codes["operator"] == "In"):
+            return True
+    return False
+
+
 ASKED = "kubetf.io/restart-in-place"  # on a pod the operator gave restart rules: the API server must keep them
 
 

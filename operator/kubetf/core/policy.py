@@ -162,7 +162,10 @@ def termination(job: Job, view: TaskView) -> Termination | None:
     if how is not None:
         return how
     exits, last = inplace.exits(pod)
-    if exits > view.exits and last is not None and not st.is_deleting(pod):
+    # An exit its rules do not restart (0, say) ends the pod: its phase, a moment later, says how (the kubelet may
+    # report the container's end first; taken for a success then, the job's cleanup deleted the pod still Running).
+    in_place = last is not None and inplace.restarts(job, view.role, int(last.get("exitCode", 1)))
+    if exits > view.exits and in_place and not st.is_deleting(pod):
         code, oom = int(last.get("exitCode", 1)), last.get("reason") == "OOMKilled"
         ended = classify_exit(code, restart_policy, oom_killed=oom)
         words = _last_line(last.get("message"))

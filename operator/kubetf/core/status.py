@@ -93,8 +93,8 @@ def is_ready(pod: Pod) -> bool:
 
 
 def is_started(pod: Pod) -> bool:
-    """Its containers run (or just finished): the task takes part, ready or not. Not while its training container,
-    exited, waits to be restarted in its pod (kubetf.core.inplace)."""
+    """Its containers run (or just finished: exited 0, its pod about to say Succeeded): the task takes part, ready or
+    not. Not while its training container, exited, waits to be restarted in its pod (kubetf.core.inplace)."""
     status = pod.get("status") or {}
     if status.get("phase") not in ("Running", "Succeeded") or is_deleting(pod):
         return False
@@ -103,7 +103,8 @@ def is_started(pod: Pod) -> bool:
         names = [c.get("name") for c in spec.get("containers") or []]
         name = names[api.training_container_index(spec)] if names else None
         found = next((c for c in status.get("containerStatuses") or [] if c.get("name") == name), None)
-        if found is not None and "running" not in (found.get("state") or {"running": {}}):
+        state = (found.get("state") or {"running": {}}) if found is not None else {"running": {}}
+        if "running" not in state and (state.get("terminated") or {}).get("exitCode") != 0:
             return False
     return True
 
