@@ -164,9 +164,11 @@ def termination(job: Job, view: TaskView) -> Termination | None:
     exits, last = inplace.exits(pod)
     # An exit its rules do not restart (0, say) ends the pod: its phase, a moment later, says how (the kubelet may
     # report the container's end first; taken for a success then, the job's cleanup deleted the pod still Running).
-    in_place = last is not None and inplace.restarts(job, view.role, int(last.get("exitCode", 1)))
-    if exits > view.exits and in_place and not st.is_deleting(pod):
-        code, oom = int(last.get("exitCode", 1)), last.get("reason") == "OOMKilled"
+    code = int(last.get("exitCode", 1)) if last is not None else None
+    if last is not None and code is not None and exits > view.exits and not st.is_deleting(pod) and (
+        inplace.restarts(job, view.role, code)
+    ):
+        oom = last.get("reason") == "OOMKilled"
         ended = classify_exit(code, restart_policy, oom_killed=oom)
         words = _last_line(last.get("message"))
         said = f"{ended.reason}: {words}" if words and ended.outcome is Outcome.FAILED else ended.reason
