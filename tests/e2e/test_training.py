@@ -251,7 +251,9 @@ def test_a_submitted_job_evicted_mid_training_saves_resumes_and_leaves_its_model
     ignored = cluster.core.list_namespaced_event(namespace, field_selector="reason=SigtermIgnored").items
     assert ignored == [], [e.message for e in ignored]
     records = progress(cluster, namespace, "mnist-mwms-worker-0")  # the replacement pod's log
-    (resumed,) = [r for r in records if r["kubetf"] == "start"]
+    starts = [r for r in records if r["kubetf"] == "start"]
+    assert len(starts) == 1, records
+    (resumed,) = starts
     assert resumed["initial_epoch"] >= 2, records  # from the checkpoint saved at the eviction, not from scratch
     epochs = [r["epoch"] for r in records if r["kubetf"] == "progress"]
     assert epochs == list(range(resumed["initial_epoch"] + 1, 7)), records
