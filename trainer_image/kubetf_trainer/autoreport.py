@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import imports
 from . import report as _report
 
 ENV_AUTO = "KUBETF_PROGRESS_AUTO"
@@ -92,38 +93,16 @@ class _FitFinder(importlib.abc.MetaPathFinder):
             return None
         self._busy.add(fullname)
         try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-            if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return None
-            spec.loader = _PatchingLoader(spec.loader, fullname)
-            return spec
+            return imports.find_wrapped(self, fullname, path, target, functools.partial(_then_patch, fullname))
         except Exception:
             return None
         finally:
             self._busy.discard(fullname)
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, name: str):
-        self._loader = loader
-        self._name = name
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        patch_fit(module, self._name)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks and inspect
-        return getattr(self._loader, name)
+def _then_patch(name: str, module: Any, run: Callable[[], None]) -> None:
+    run()
+    patch_fit(module, name)
 
 
 def patch_fit(module: Any, name: str) -> bool:

@@ -33,9 +33,10 @@ import importlib.machinery
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import imports
 from .env import TaskInfo
 from .progress import emit
 
@@ -109,31 +110,12 @@ class _ImportFinder(importlib.abc.MetaPathFinder):
             return None
         try:
             sys.meta_path.remove(self)  # the others find it; and no import after this one pays for a look here
-            for finder in sys.meta_path:
-                spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
-                if spec is not None:
-                    break
-            else:
-                return None
-            if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return None
-            spec.loader = _TimingLoader(spec.loader)
-            return spec
+            return imports.find_wrapped(self, fullname, path, target, _timed)
         except Exception:
             return None
 
 
-class _TimingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any):
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        began = time.time()
-        self._loader.exec_module(module)
-        mark(IMPORTED, seconds=round(time.time() - began, 3))
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks and inspect
-        return getattr(self._loader, name)
+def _timed(module: Any, run: Callable[[], None]) -> None:
+    began = time.time()
+    run()
+    mark(IMPORTED, seconds=round(time.time() - began, 3))
