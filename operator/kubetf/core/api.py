@@ -148,6 +148,15 @@ def training_container_index(pod_spec: dict[str, Any]) -> int:
     return 0
 
 
+def training_container_status(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The kubelet's status of a pod's training container (its `state`, `lastState`, `restartCount`), if it said."""
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or [{}]
+    name = containers[training_container_index(spec)].get("name")
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return next((c for c in statuses if c.get("name") == name), None)
+
+
 def cpu_quantity(value: Any) -> float:
     """A Kubernetes CPU quantity ("2", "500m", 1.5) in cores."""
     text = str(value).strip()

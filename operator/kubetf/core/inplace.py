@@ -93,10 +93,7 @@ def exits(pod: Pod) -> tuple[int, dict[str, Any] | None]:
     status = pod.get("status") or {}
     if status.get("phase") in ("Succeeded", "Failed"):
         return 0, None
-    spec = pod.get("spec") or {}
-    names = [c.get("name") for c in spec.get("containers") or []]
-    name = names[api.training_container_index(spec)] if names else None
-    found = next((c for c in status.get("containerStatuses") or [] if c.get("name") == name), None)
+    found = api.training_container_status(pod)
     if found is None:
         return 0, None
     count = int(found.get("restartCount") or 0)
@@ -121,8 +118,4 @@ def ignored(pod: Pod | None, job: Job, role: str, exit_code: int | None) -> bool
         return False
     if not ((pod.get("metadata") or {}).get("annotations") or {}).get(ASKED):
         return False
-    for rule in rules(job, role):
-        codes = rule["exitCodes"]
-        if (exit_code in codes["values"]) == (codes["operator"] == "In"):
-            return True
-    return False
+    return restarts(job, role, exit_code)

@@ -129,13 +129,9 @@ def _last_line(message: str | None, limit: int = 200) -> str:
 
 
 def _training_container_terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
-    spec_containers = (pod.get("spec") or {}).get("containers") or [{}]
-    name = spec_containers[api.training_container_index(pod.get("spec") or {})].get("name")
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        if container.get("name") == name:
-            terminated: dict[str, Any] | None = (container.get("state") or {}).get("terminated")
-            return terminated
-    return None
+    found = api.training_container_status(pod)
+    terminated: dict[str, Any] | None = (found.get("state") or {}).get("terminated") if found is not None else None
+    return terminated
 
 
 def ended(job: Job, views: dict[str, TaskView]) -> list[tuple[TaskView, Termination]]:

@@ -99,10 +99,7 @@ def is_started(pod: Pod) -> bool:
     if status.get("phase") not in ("Running", "Succeeded") or is_deleting(pod):
         return False
     if status.get("phase") == "Running":
-        spec = pod.get("spec") or {}
-        names = [c.get("name") for c in spec.get("containers") or []]
-        name = names[api.training_container_index(spec)] if names else None
-        found = next((c for c in status.get("containerStatuses") or [] if c.get("name") == name), None)
+        found = api.training_container_status(pod)
         state = (found.get("state") or {"running": {}}) if found is not None else {"running": {}}
         if "running" not in state and (state.get("terminated") or {}).get("exitCode") != 0:
             return False
