@@ -204,3 +204,16 @@ def test_a_task_whose_program_exited_0_is_a_success_only_once_its_pod_says_so():
     sim.step()
     assert sim.status["phase"] == "Succeeded" and "mnist-chief-0" in sim.pods
     assert "deletionTimestamp" not in sim.pods["mnist-chief-0"]["metadata"]
+
+
+def test_a_worker_that_exited_0_as_the_job_succeeded_keeps_its_pod_though_the_pod_still_says_running():
+    """cleanPodPolicy Running deletes what still runs when the job ends, not a worker whose program exited 0 a moment
+    before its pod says Succeeded (the kubelet reports the container first): its log stays, as a finished pod's."""
+    sim = Sim(mwms_job())
+    sim.step()
+    running(sim)
+    exits_in_place(sim, "mnist-worker-1", 0)  # its pod still Running
+    sim.exit("mnist-chief-0", 0)
+    plan = sim.step()
+    assert sim.status["phase"] == "Succeeded"
+    assert sorted(p["metadata"]["name"] for p in plan.delete) == ["mnist-worker-0"]  # the one still running

@@ -110,7 +110,7 @@ def finished(d: Decision, pods: list[Pod]) -> None:
         if grace is not None and d.now < grace and _is_running_evaluator(pod):
             d.plan.wake_at(grace)
             continue
-        if clean == "All" or not st.is_finished(pod):
+        if clean == "All" or not (st.is_finished(pod) or st.is_succeeding(pod)):  # its log kept as a finished one's
             d.plan.delete.append(pod)
     # The counts of a finished job are those of the pods it keeps: none active once cleaned up.
     kept = [p for p in pods if not any(p is q for q in d.plan.delete) and not st.is_deleting(p)]

@@ -93,17 +93,25 @@ def is_ready(pod: Pod) -> bool:
 
 
 def is_started(pod: Pod) -> bool:
-    """Its containers run (or just finished: exited 0, its pod about to say Succeeded): the task takes part, ready or
-    not. Not while its training container, exited, waits to be restarted in its pod (kubetf.core.inplace)."""
+    """Its containers run (or just finished: `is_succeeding`): the task takes part, ready or not. Not while its
+    training container, exited, waits to be restarted in its pod (kubetf.core.inplace)."""
     status = pod.get("status") or {}
     if status.get("phase") not in ("Running", "Succeeded") or is_deleting(pod):
         return False
     if status.get("phase") == "Running":
         found = api.training_container_status(pod)
         state = (found.get("state") or {"running": {}}) if found is not None else {"running": {}}
-        if "running" not in state and (state.get("terminated") or {}).get("exitCode") != 0:
-            return False
+        return "running" in state or is_succeeding(pod)
     return True
+
+
+def is_succeeding(pod: Pod) -> bool:
+    """Its training container exited 0 while the pod still says Running: the kubelet reports the container's end
+    before the pod's, and no restart rule restarts an exit 0 (kubetf.core.inplace), so the pod is about to succeed."""
+    if (pod.get("status") or {}).get("phase") != "Running":
+        return False
+    found = api.training_container_status(pod) or {}
+    return ((found.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
 
 
 def unscheduled_since(pod: Pod, not_before: float | None = None) -> float | None:
